@@ -1,0 +1,53 @@
+"""seqbert: a BERT-style Transformer encoder as first-class Hugging Face `transformers` model code.
+
+Importing the package registers `SeqBertConfig` and every SeqBERT model with the transformers Auto classes, so
+`AutoConfig.for_model("seqbert")`, `AutoModel.from_pretrained(folder)` and `pipeline(...)` work on SeqBERT folders.
+"""
+
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoModelForMultipleChoice,
+    AutoModelForQuestionAnswering,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+)
+
+from .configuration_seqbert import SeqBertConfig
+from .modeling_seqbert import (
+    SeqBertForMaskedLM,
+    SeqBertForMultipleChoice,
+    SeqBertForQuestionAnswering,
+    SeqBertForSequenceClassification,
+    SeqBertForTokenClassification,
+    SeqBertModel,
+    SeqBertPreTrainedModel,
+)
+
+
+__version__ = "0.1.0"
+
+AUTO_CLASSES = {
+    AutoModel: SeqBertModel,
+    AutoModelForMaskedLM: SeqBertForMaskedLM,
+    AutoModelForSequenceClassification: SeqBertForSequenceClassification,
+    AutoModelForTokenClassification: SeqBertForTokenClassification,
+    AutoModelForQuestionAnswering: SeqBertForQuestionAnswering,
+    AutoModelForMultipleChoice: SeqBertForMultipleChoice,
+}
+
+AutoConfig.register(SeqBertConfig.model_type, SeqBertConfig, exist_ok=True)
+for _auto_class, _model_class in AUTO_CLASSES.items():
+    _auto_class.register(SeqBertConfig, _model_class, exist_ok=True)
+
+__all__ = [
+    "SeqBertConfig",
+    "SeqBertPreTrainedModel",
+    "SeqBertModel",
+    "SeqBertForMaskedLM",
+    "SeqBertForSequenceClassification",
+    "SeqBertForTokenClassification",
+    "SeqBertForQuestionAnswering",
+    "SeqBertForMultipleChoice",
+]

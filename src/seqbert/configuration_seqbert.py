@@ -1,0 +1,246 @@
+"""SeqBERT model configuration.
+
+This file is copied verbatim into every saved model folder (``save_pretrained``/``push_to_hub``) so that
+``trust_remote_code=True`` users can load the model without installing seqbert: it may import only
+``transformers`` and the standard library.
+"""
+
+from transformers import PretrainedConfig
+
+
+NORM_PLACEMENTS = ("pre", "post")
+POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal")
+
+
+def _check_int(name: str, value, minimum: int) -> None:
+    """Raise `TypeError`/`ValueError` unless `value` is an int (not a bool) that is at least `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r} of type {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} ({value}) must be >= {minimum}")
+
+
+def _check_probability(name: str, value) -> None:
+    """Raise unless `value` is a real number in [0, 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float, got {value!r} of type {type(value).__name__}")
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} ({value}) must be in [0, 1)")
+
+
+def _check_positive_float(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float, got {value!r} of type {type(value).__name__}")
+    if not value > 0:
+        raise ValueError(f"{name} ({value}) must be > 0")
+
+
+class SeqBertConfig(PretrainedConfig):
+    r"""
+    Configuration of a SeqBERT model: a BERT-style Transformer encoder (and, for
+    `SeqBertForConditionalGeneration`, a decoder of the same width).
+
+    Defaults are the bert-base sizes with pre-LayerNorm layers (`norm_placement="pre"`), the placement that
+    trains stably without warm-up (Xiong et al. 2020, "On Layer Normalization in the Transformer
+    Architecture"). Use [`SeqBertConfig.from_bert_config`] for the post-LayerNorm equivalent of a BERT
+    checkpoint.
+
+    Args:
+        vocab_size (`int`, defaults to 30522): number of token ids; ids must lie in `[0, vocab_size)`.
+        hidden_size (`int`, defaults to 768): width of embeddings and hidden states.
+        num_hidden_layers (`int`, defaults to 12): number of encoder layers.
+        num_decoder_layers (`int`, *optional*): number of decoder layers of a seq2seq model; defaults to
+            `num_hidden_layers`.
+        num_attention_heads (`int`, defaults to 12): attention heads per layer; must divide `hidden_size`.
+        intermediate_size (`int`, defaults to 3072): inner width of the feed-forward block.
+        hidden_act (`str`, defaults to `"gelu"`): feed-forward activation, a key of `transformers.activations.ACT2FN`.
+        hidden_dropout_prob (`float`, defaults to 0.1): dropout on embeddings and on each sub-layer output.
+        attention_probs_dropout_prob (`float`, defaults to 0.1): dropout on attention probabilities.
+        max_position_embeddings (`int`, defaults to 512): longest sequence the learned position table covers
+            (and the size of the precomputed sinusoid table).
+        type_vocab_size (`int`, defaults to 2): number of segment (token type) ids; 0 disables the segment embedding.
+        initializer_range (`float`, defaults to 0.02): std of the normal init of linear and embedding weights.
+        layer_norm_eps (`float`, defaults to 1e-12): LayerNorm epsilon (BERT's value).
+        norm_placement (`str`, defaults to `"pre"`): `"pre"`: `x + f(LN(x))` with a final LayerNorm after the last
+            layer; `"post"`: `LN(x + f(x))` as in BERT (needed to load BERT weights).
+        position_embedding_type (`str`, defaults to `"learned"`): `"learned"` (BERT's table) or `"sinusoidal"`
+            (fixed table of "Attention Is All You Need" §3.5).
+        scale_embedding (`bool`, defaults to `False`): multiply word embeddings by sqrt(hidden_size) ("Attention Is
+            All You Need" §3.4).
+        classifier_dropout (`float`, *optional*): dropout before classification heads; defaults to
+            `hidden_dropout_prob`, as in BERT.
+        pad_token_id, bos_token_id, eos_token_id, decoder_start_token_id (`int`, *optional*): special token ids.
+        tie_word_embeddings (`bool`, defaults to `True`): tie the LM head decoder to the word embeddings.
+        is_encoder_decoder (`bool`, defaults to `False`): set by `SeqBertForConditionalGeneration` configs.
+
+    Raises:
+        TypeError: a field has the wrong type.
+        ValueError: a field has a value outside what is allowed; the message names the field and the value.
+    """
+
+    model_type = "seqbert"
+
+    def __init__(
+        self,
+        vocab_size: int = 30522,
+        hidden_size: int = 768,
+        num_hidden_layers: int = 12,
+        num_decoder_layers: int | None = None,
+        num_attention_heads: int = 12,
+        intermediate_size: int = 3072,
+        hidden_act: str = "gelu",
+        hidden_dropout_prob: float = 0.1,
+        attention_probs_dropout_prob: float = 0.1,
+        max_position_embeddings: int = 512,
+        type_vocab_size: int = 2,
+        initializer_range: float = 0.02,
+        layer_norm_eps: float = 1e-12,
+        norm_placement: str = "pre",
+        position_embedding_type: str = "learned",
+        scale_embedding: bool = False,
+        classifier_dropout: float | None = None,
+        pad_token_id: int | None = 0,
+        bos_token_id: int | None = None,
+        eos_token_id: int | None = None,
+        decoder_start_token_id: int | None = None,
+        tie_word_embeddings: bool = True,
+        is_encoder_decoder: bool = False,
+        **kwargs,
+    ):
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_decoder_layers = num_hidden_layers if num_decoder_layers is None else num_decoder_layers
+        self.num_attention_heads = num_attention_heads
+        self.intermediate_size = intermediate_size
+        self.hidden_act = hidden_act
+        self.hidden_dropout_prob = hidden_dropout_prob
+        self.attention_probs_dropout_prob = attention_probs_dropout_prob
+        self.max_position_embeddings = max_position_embeddings
+        self.type_vocab_size = type_vocab_size
+        self.initializer_range = initializer_range
+        self.layer_norm_eps = layer_norm_eps
+        self.norm_placement = norm_placement
+        self.position_embedding_type = position_embedding_type
+        self.scale_embedding = scale_embedding
+        self.classifier_dropout = classifier_dropout
+        # Validate before PretrainedConfig.__init__, whose own checks would fail with less helpful messages.
+        self._validate_seqbert(
+            pad_token_id=pad_token_id,
+            bos_token_id=bos_token_id,
+            eos_token_id=eos_token_id,
+            decoder_start_token_id=decoder_start_token_id,
+        )
+        super().__init__(
+            pad_token_id=pad_token_id,
+            bos_token_id=bos_token_id,
+            eos_token_id=eos_token_id,
+            decoder_start_token_id=decoder_start_token_id,
+            tie_word_embeddings=tie_word_embeddings,
+            is_encoder_decoder=is_encoder_decoder,
+            **kwargs,
+        )
+
+    def _validate_seqbert(self, **special_token_ids) -> None:
+        """Check every SeqBERT field; raise `TypeError`/`ValueError` naming the field, its value and what is allowed."""
+        _check_int("vocab_size", self.vocab_size, 1)
+        _check_int("hidden_size", self.hidden_size, 1)
+        _check_int("num_hidden_layers", self.num_hidden_layers, 0)
+        _check_int("num_decoder_layers", self.num_decoder_layers, 0)
+        _check_int("num_attention_heads", self.num_attention_heads, 1)
+        _check_int("intermediate_size", self.intermediate_size, 1)
+        _check_int("max_position_embeddings", self.max_position_embeddings, 1)
+        _check_int("type_vocab_size", self.type_vocab_size, 0)
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+                f"({self.num_attention_heads})"
+            )
+        _check_probability("hidden_dropout_prob", self.hidden_dropout_prob)
+        _check_probability("attention_probs_dropout_prob", self.attention_probs_dropout_prob)
+        if self.classifier_dropout is not None:
+            _check_probability("classifier_dropout", self.classifier_dropout)
+        _check_positive_float("initializer_range", self.initializer_range)
+        _check_positive_float("layer_norm_eps", self.layer_norm_eps)
+        if self.norm_placement not in NORM_PLACEMENTS:
+            raise ValueError(f"norm_placement ({self.norm_placement!r}) must be one of {NORM_PLACEMENTS}")
+        if self.position_embedding_type not in POSITION_EMBEDDING_TYPES:
+            raise ValueError(
+                f"position_embedding_type ({self.position_embedding_type!r}) must be one of {POSITION_EMBEDDING_TYPES}"
+            )
+        if self.position_embedding_type == "sinusoidal" and self.hidden_size % 2 != 0:
+            raise ValueError(f"hidden_size ({self.hidden_size}) must be even with position_embedding_type='sinusoidal'")
+        if not isinstance(self.scale_embedding, bool):
+            raise TypeError(f"scale_embedding must be a bool, got {self.scale_embedding!r}")
+        # Imported here: transformers.activations pulls in torch, which the config module does not otherwise need.
+        from transformers.activations import ACT2FN
+
+        if not isinstance(self.hidden_act, str) or self.hidden_act not in ACT2FN:
+            raise ValueError(f"hidden_act ({self.hidden_act!r}) must be one of {sorted(ACT2FN)}")
+        for name, value in special_token_ids.items():
+            if value is None:
+                continue
+            _check_int(name, value, 0)
+            if value >= self.vocab_size:
+                raise ValueError(f"{name} ({value}) must be < vocab_size ({self.vocab_size})")
+
+    @classmethod
+    def from_bert_config(cls, bert_config, **kwargs) -> "SeqBertConfig":
+        """
+        The post-LayerNorm SeqBERT configuration equivalent to a `transformers.BertConfig`.
+
+        Args:
+            bert_config (`transformers.BertConfig`): the BERT configuration (from `BertConfig.from_pretrained`).
+            **kwargs: fields to override (for example `num_labels=2`).
+
+        Returns:
+            `SeqBertConfig` with `norm_placement="post"`, learned positions, no embedding scaling, and BERT's
+            sizes, dropout, label maps and special token ids.
+
+        Raises:
+            ValueError: `bert_config` is not a BERT configuration, or uses a variant SeqBERT does not implement
+                (a `position_embedding_type` other than "absolute").
+        """
+        model_type = getattr(bert_config, "model_type", None)
+        if model_type != "bert":
+            raise ValueError(f"bert_config must be a BERT configuration (model_type 'bert'), got model_type {model_type!r}")
+        bert_position_type = getattr(bert_config, "position_embedding_type", "absolute")
+        if bert_position_type not in (None, "absolute"):
+            raise ValueError(
+                f"bert_config.position_embedding_type ({bert_position_type!r}) is not supported; only 'absolute' "
+                "BERT position embeddings convert to SeqBERT"
+            )
+        fields = dict(
+            vocab_size=bert_config.vocab_size,
+            hidden_size=bert_config.hidden_size,
+            num_hidden_layers=bert_config.num_hidden_layers,
+            num_attention_heads=bert_config.num_attention_heads,
+            intermediate_size=bert_config.intermediate_size,
+            hidden_act=bert_config.hidden_act,
+            hidden_dropout_prob=bert_config.hidden_dropout_prob,
+            attention_probs_dropout_prob=bert_config.attention_probs_dropout_prob,
+            max_position_embeddings=bert_config.max_position_embeddings,
+            type_vocab_size=bert_config.type_vocab_size,
+            initializer_range=bert_config.initializer_range,
+            layer_norm_eps=bert_config.layer_norm_eps,
+            classifier_dropout=getattr(bert_config, "classifier_dropout", None),
+            pad_token_id=bert_config.pad_token_id,
+            bos_token_id=getattr(bert_config, "bos_token_id", None),
+            eos_token_id=getattr(bert_config, "eos_token_id", None),
+            tie_word_embeddings=getattr(bert_config, "tie_word_embeddings", True),
+            norm_placement="post",
+            position_embedding_type="learned",
+            scale_embedding=False,
+            id2label=bert_config.id2label,
+            label2id=bert_config.label2id,
+            problem_type=getattr(bert_config, "problem_type", None),
+        )
+        if "num_labels" in kwargs:
+            # An explicit num_labels replaces BERT's label maps rather than contradicting them.
+            fields.pop("id2label")
+            fields.pop("label2id")
+        fields.update(kwargs)
+        return cls(**fields)
+
+
+__all__ = ["SeqBertConfig"]

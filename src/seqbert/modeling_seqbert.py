@@ -1,0 +1,735 @@
+"""PyTorch SeqBERT: a BERT-style Transformer encoder as a first-class `transformers` model.
+
+Reading order: embeddings -> attention -> feed-forward -> layers (pre-LN and post-LN) -> encoder stack ->
+pooler and LM head -> `SeqBertPreTrainedModel` -> `SeqBertModel` -> task heads.
+
+This file and `configuration_seqbert.py` are copied into saved model folders for `trust_remote_code=True`
+users, so they import each other (and `convert_bert.py`) relatively and depend only on torch and transformers.
+
+Shape legend used in comments: B batch, L sequence length, H hidden_size, N heads, D head size (H / N),
+V vocab_size, C num_labels.
+"""
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.nn import CrossEntropyLoss
+
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.masking_utils import create_bidirectional_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    BaseModelOutputWithPooling,
+    MaskedLMOutput,
+    MultipleChoiceModelOutput,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
+from transformers.utils import logging
+from transformers.utils.generic import can_return_tuple
+from transformers.utils.output_capturing import capture_outputs
+
+from .configuration_seqbert import SeqBertConfig
+from .convert_bert import load_bert_as_seqbert_state_dict
+
+
+logger = logging.get_logger(__name__)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Embeddings
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def sinusoidal_position_table(num_positions: int, dim: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """
+    The fixed sinusoidal position table of "Attention Is All You Need" (Vaswani et al. 2017, §3.5):
+    `PE[pos, 2i] = sin(pos / 10000^(2i/dim))`, `PE[pos, 2i+1] = cos(pos / 10000^(2i/dim))`.
+
+    Args:
+        num_positions (`int`): number of positions (rows).
+        dim (`int`): embedding width; must be even.
+        dtype (`torch.dtype`): dtype of the result; the angles are computed in float32.
+
+    Returns:
+        `torch.Tensor` of shape `(num_positions, dim)` and dtype `dtype`.
+    """
+    position = torch.arange(num_positions, dtype=torch.float32).unsqueeze(1)  # (P, 1)
+    inv_freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))  # (dim/2,)
+    angles = position * inv_freq  # (P, dim/2)
+    table = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(1)  # (P, dim): sin, cos interleaved
+    return table.to(dtype)
+
+
+class SeqBertSinusoidalPositionEmbedding(nn.Module):
+    """Looks up fixed sinusoidal position vectors; the table is a non-persistent buffer, never a parameter."""
+
+    def __init__(self, config: SeqBertConfig):
+        super().__init__()
+        self.dim = config.hidden_size
+        self.register_buffer(
+            "table", sinusoidal_position_table(config.max_position_embeddings, self.dim), persistent=False
+        )
+
+    def forward(self, position_ids: torch.LongTensor) -> torch.Tensor:
+        """`position_ids` (B or 1, L) int64 -> (B or 1, L, H) in the table's dtype."""
+        return nn.functional.embedding(position_ids, self.table)
+
+
+class SeqBertEmbeddings(nn.Module):
+    """Word + position (+ token type) embeddings, optional sqrt(H) scaling of word embeddings, LayerNorm, dropout."""
+
+    def __init__(self, config: SeqBertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        if config.position_embedding_type == "learned":
+            self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        else:
+            self.position_embeddings = SeqBertSinusoidalPositionEmbedding(config)
+        # type_vocab_size == 0 disables segment embeddings altogether.
+        self.token_type_embeddings = (
+            nn.Embedding(config.type_vocab_size, config.hidden_size) if config.type_vocab_size > 0 else None
+        )
+        # "Attention Is All You Need" §3.4 multiplies embedding weights by sqrt(d_model); 1.0 leaves BERT exact.
+        self.embed_scale = math.sqrt(config.hidden_size) if config.scale_embedding else 1.0
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Ids (B, L) int64, or `inputs_embeds` (B, L, H) -> embeddings (B, L, H) in the model's dtype."""
+        if inputs_embeds is None:
+            inputs_embeds = self.word_embeddings(input_ids)  # (B, L, H)
+        seq_length = inputs_embeds.shape[1]
+        if position_ids is None:
+            position_ids = torch.arange(seq_length, device=inputs_embeds.device).unsqueeze(0)  # (1, L)
+        embeddings = inputs_embeds * self.embed_scale if self.embed_scale != 1.0 else inputs_embeds
+        # Same order of additions as BERT (word + type, then + position), so converted BERT is bit-for-bit close.
+        if self.token_type_embeddings is not None:
+            if token_type_ids is None:
+                embeddings = embeddings + self.token_type_embeddings.weight[0]  # segment 0 everywhere
+            else:
+                embeddings = embeddings + self.token_type_embeddings(token_type_ids)
+        embeddings = embeddings + self.position_embeddings(position_ids).to(embeddings.dtype)
+        return self.dropout(self.layer_norm(embeddings))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Attention
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """
+    Plain scaled dot-product attention, softmax(Q Kᵀ · scaling + mask) V ("Attention Is All You Need" §3.2.1).
+    The readable reference that the sdpa / flash / flex backends must match.
+
+    Args:
+        query, key, value (`torch.Tensor`): (B, N, L_q, D), (B, N, L_k, D), (B, N, L_k, D).
+        attention_mask (`torch.Tensor`, *optional*): additive float mask broadcastable to (B, N, L_q, L_k), 0 where
+            attention is allowed and the dtype's minimum where it is not (as built by `masking_utils`).
+        scaling (`float`): usually D ** -0.5.
+        dropout (`float`): dropout probability on the attention weights (applied only in training).
+
+    Returns:
+        `(attn_output, attn_weights)`: (B, L_q, N, D) and (B, N, L_q, L_k).
+    """
+    attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling  # (B, N, L_q, L_k)
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = nn.functional.softmax(attn_weights, dim=-1)
+    attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value)  # (B, N, L_q, D)
+    return attn_output.transpose(1, 2).contiguous(), attn_weights  # (B, L_q, N, D)
+
+
+class SeqBertSelfAttention(nn.Module):
+    """
+    Multi-head bidirectional self-attention with one fused Q/K/V projection, dispatched through the transformers
+    attention interface (`config._attn_implementation`: "eager", "sdpa" (default), "flash_attention_2", "flex_attention").
+    """
+
+    def __init__(self, config: SeqBertConfig, layer_idx: int | None = None):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.scaling = self.head_dim**-0.5
+        self.attention_dropout = config.attention_probs_dropout_prob
+        # The sdpa integration reads `module.is_causal` (default True): an encoder must say False explicitly.
+        self.is_causal = False
+        self.qkv_proj = nn.Linear(config.hidden_size, 3 * config.hidden_size)
+        self.out_proj = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(
+        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, L, H) -> `(output (B, L, H), attention weights (B, N, L, L) or None)`."""
+        input_shape = hidden_states.shape[:-1]  # (B, L)
+        qkv = self.qkv_proj(hidden_states).view(*input_shape, 3, self.num_heads, self.head_dim)  # (B, L, 3, N, D)
+        query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, N, L, D)
+
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        attn_output, attn_weights = attention_interface(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=self.attention_dropout if self.training else 0.0,
+            scaling=self.scaling,
+            **kwargs,
+        )  # (B, L, N, D)
+        attn_output = attn_output.reshape(*input_shape, -1)  # (B, L, H)
+        return self.out_proj(attn_output), attn_weights
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Feed-forward
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+class SeqBertMLP(nn.Module):
+    """Position-wise feed-forward: Linear(H -> intermediate), activation (GELU), Linear(intermediate -> H), dropout."""
+
+    def __init__(self, config: SeqBertConfig):
+        super().__init__()
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = ACT2FN[config.hidden_act]
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """(..., H) -> (..., H)."""
+        return self.dropout(self.down_proj(self.act(self.up_proj(hidden_states))))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Layers: pre-LN and post-LN share their parameters' names and differ only in where the LayerNorms sit.
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+class SeqBertLayer(GradientCheckpointingLayer):
+    """Parameters of one encoder layer. Use `SeqBertPreNormLayer` or `SeqBertPostNormLayer`, which add `forward`."""
+
+    def __init__(self, config: SeqBertConfig, layer_idx: int | None = None):
+        super().__init__()
+        self.attention = SeqBertSelfAttention(config, layer_idx=layer_idx)
+        self.attention_dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.mlp = SeqBertMLP(config)
+        self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def _attend(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs) -> torch.Tensor:
+        return self.attention_dropout(self.attention(hidden_states, attention_mask, **kwargs)[0])
+
+
+class SeqBertPreNormLayer(SeqBertLayer):
+    """Pre-LN layer (Xiong et al. 2020): `x + Attn(LN(x))`, then `x + FFN(LN(x))`. (B, L, H) -> (B, L, H)."""
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
+        hidden_states = hidden_states + self._attend(self.attention_norm(hidden_states), attention_mask, **kwargs)
+        return hidden_states + self.mlp(self.mlp_norm(hidden_states))
+
+
+class SeqBertPostNormLayer(SeqBertLayer):
+    """Post-LN layer (BERT; "Attention Is All You Need" §5.4): `LN(x + Attn(x))`, then `LN(x + FFN(x))`."""
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
+        hidden_states = self.attention_norm(hidden_states + self._attend(hidden_states, attention_mask, **kwargs))
+        return self.mlp_norm(hidden_states + self.mlp(hidden_states))
+
+
+SEQBERT_LAYER_CLASSES = {"pre": SeqBertPreNormLayer, "post": SeqBertPostNormLayer}
+
+
+class SeqBertEncoder(nn.Module):
+    """`num_hidden_layers` layers of the configured norm placement; pre-LN adds a final LayerNorm."""
+
+    def __init__(self, config: SeqBertConfig):
+        super().__init__()
+        layer_class = SEQBERT_LAYER_CLASSES[config.norm_placement]
+        self.layers = nn.ModuleList([layer_class(config, layer_idx=i) for i in range(config.num_hidden_layers)])
+        # Pre-LN leaves the residual stream un-normalised, so the stack ends with one LayerNorm; post-LN already ends
+        # on a LayerNorm.
+        self.final_layer_norm = (
+            nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+            if config.norm_placement == "pre"
+            else nn.Identity()
+        )
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
+        """(B, L, H) and a backend-specific mask from `masking_utils` -> (B, L, H)."""
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, attention_mask, **kwargs)
+        return self.final_layer_norm(hidden_states)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Pooler and LM head
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+class SeqBertPooler(nn.Module):
+    """BERT's pooler: tanh(Linear(h_[CLS])). (B, L, H) -> (B, H)."""
+
+    def __init__(self, config: SeqBertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = nn.Tanh()
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.dense(hidden_states[:, 0]))
+
+
+class SeqBertLMHead(nn.Module):
+    """BERT's masked-LM head: Linear, activation, LayerNorm, then a decoder to the vocabulary whose weight is tied
+    to the word embeddings. (..., H) -> (..., V)."""
+
+    def __init__(self, config: SeqBertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = ACT2FN[config.hidden_act]
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.layer_norm(self.act(self.dense(hidden_states))))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Pretrained model base
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+# Keyword arguments of `from_bert_pretrained` that go to `from_pretrained` (loading) rather than to the config.
+_HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies")
+_LOADING_KWARGS = ("dtype", "torch_dtype", "device_map", "attn_implementation", "output_loading_info")
+
+
+class SeqBertPreTrainedModel(PreTrainedModel):
+    """Weight initialisation, attention-backend flags and BERT import shared by every SeqBERT model."""
+
+    config_class = SeqBertConfig
+    base_model_prefix = "seqbert"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["SeqBertEmbeddings", "SeqBertPreNormLayer", "SeqBertPostNormLayer"]
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+    _can_record_outputs = {"hidden_states": SeqBertLayer, "attentions": SeqBertSelfAttention}
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """Normal(0, initializer_range) linear/embedding weights, zero biases, unit LayerNorms (BERT's scheme, via
+        `PreTrainedModel._init_weights`); the sinusoid table is a non-persistent buffer, so it is rebuilt here."""
+        super()._init_weights(module)
+        if isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, SeqBertSinusoidalPositionEmbedding):
+            init.copy_(module.table, sinusoidal_position_table(module.table.shape[0], module.dim))
+
+    @classmethod
+    def from_bert_pretrained(cls, pretrained_model_name_or_path: str, **kwargs):
+        """
+        Load a BERT checkpoint (a Hub name such as `"bert-base-uncased"` or a local folder written by
+        `save_pretrained`) into this SeqBERT class, as post-LN SeqBERT with identical numerics.
+
+        Reads BERT's `config.json`, builds `SeqBertConfig.from_bert_config(...)`, renames BERT's parameters to
+        SeqBERT's (fusing query/key/value into one projection) and loads them with `from_pretrained`, which reports
+        missing and unexpected keys as usual. Works for BertModel, BertForPreTraining, BertForMaskedLM,
+        BertForSequenceClassification, BertForTokenClassification and BertForQuestionAnswering checkpoints, in
+        safetensors or PyTorch `.bin` format, sharded or not. Heads that the checkpoint has (`cls.predictions`,
+        `classifier`, `qa_outputs`) load into the matching SeqBERT head; the rest is newly initialised and reported.
+
+        Args:
+            pretrained_model_name_or_path (`str` or `os.PathLike`): Hub model id or local folder of a BERT checkpoint.
+            **kwargs: Hub options (`cache_dir`, `revision`, `token`, `local_files_only`, `force_download`,
+                `subfolder`, `proxies`), loading options (`dtype`, `device_map`, `attn_implementation`,
+                `output_loading_info`) and config overrides (e.g. `num_labels=2`, `hidden_dropout_prob=0.0`).
+
+        Returns:
+            An instance of `cls` (and the loading-info dict when `output_loading_info=True`).
+
+        Raises:
+            ValueError: the checkpoint is not a BERT checkpoint, or has no weights file.
+            OSError: the name or folder cannot be resolved.
+        """
+        hub_kwargs = {k: kwargs.pop(k) for k in _HUB_KWARGS if k in kwargs}
+        loading_kwargs = {k: kwargs.pop(k) for k in _LOADING_KWARGS if k in kwargs}
+        config, state_dict = load_bert_as_seqbert_state_dict(
+            pretrained_model_name_or_path, config_overrides=kwargs, **hub_kwargs
+        )
+        return cls.from_pretrained(None, config=config, state_dict=state_dict, **loading_kwargs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The encoder model
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+class SeqBertModel(SeqBertPreTrainedModel):
+    """
+    The SeqBERT encoder: embeddings, `num_hidden_layers` pre- or post-LN layers and an optional BERT pooler.
+    `AutoModel` maps `SeqBertConfig` here.
+
+    Args:
+        config (`SeqBertConfig`): model configuration.
+        add_pooling_layer (`bool`, defaults to `True`): build the pooler (needed by sequence classification).
+    """
+
+    def __init__(self, config: SeqBertConfig, add_pooling_layer: bool = True):
+        super().__init__(config)
+        self.embeddings = SeqBertEmbeddings(config)
+        self.encoder = SeqBertEncoder(config)
+        self.pooler = SeqBertPooler(config) if add_pooling_layer else None
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embeddings.word_embeddings = value
+
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPooling:
+        r"""
+        Args:
+            input_ids (`torch.LongTensor` of shape `(B, L)`): token ids in `[0, vocab_size)`.
+            attention_mask (`torch.Tensor` of shape `(B, L)`, *optional*): 1 for real tokens, 0 for padding.
+            token_type_ids (`torch.LongTensor` of shape `(B, L)`, *optional*): segment ids in `[0, type_vocab_size)`;
+                defaults to 0.
+            position_ids (`torch.LongTensor` of shape `(B, L)`, *optional*): defaults to `0 .. L-1`.
+            inputs_embeds (`torch.Tensor` of shape `(B, L, H)`, *optional*): instead of `input_ids`.
+            output_hidden_states, output_attentions, return_dict: as in every transformers model.
+
+        Returns:
+            `BaseModelOutputWithPooling`: `last_hidden_state` (B, L, H) float, `pooler_output` (B, H) or None,
+            `hidden_states` (num_hidden_layers + 1 tensors of (B, L, H)) and `attentions` (num_hidden_layers tensors
+            of (B, N, L, L); eager attention only) on request.
+
+        Raises:
+            ValueError: both or neither of `input_ids` and `inputs_embeds` are given.
+        """
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Specify exactly one of input_ids or inputs_embeds")
+        embedding_output = self.embeddings(
+            input_ids=input_ids, token_type_ids=token_type_ids, position_ids=position_ids, inputs_embeds=inputs_embeds
+        )  # (B, L, H)
+        # One mask per forward, in the format the configured attention backend wants (None when nothing is masked).
+        attention_mask = create_bidirectional_mask(
+            config=self.config, inputs_embeds=embedding_output, attention_mask=attention_mask
+        )
+        sequence_output = self.encoder(embedding_output, attention_mask, **kwargs)  # (B, L, H)
+        pooled_output = self.pooler(sequence_output) if self.pooler is not None else None  # (B, H)
+        return BaseModelOutputWithPooling(last_hidden_state=sequence_output, pooler_output=pooled_output)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Task heads
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _classifier_dropout(config: SeqBertConfig) -> nn.Dropout:
+    """BERT's rule: `classifier_dropout` if set, else `hidden_dropout_prob`."""
+    p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+    return nn.Dropout(p)
+
+
+class SeqBertForMaskedLM(SeqBertPreTrainedModel):
+    """SeqBERT with BERT's masked-LM head; the decoder weight is tied to the word embeddings."""
+
+    _tied_weights_keys = {"lm_head.decoder.weight": "seqbert.embeddings.word_embeddings.weight"}
+
+    def __init__(self, config: SeqBertConfig):
+        super().__init__(config)
+        self.seqbert = SeqBertModel(config, add_pooling_layer=False)
+        self.lm_head = SeqBertLMHead(config)
+        self.post_init()
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head.decoder
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        self.lm_head.decoder = new_embeddings
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> MaskedLMOutput:
+        r"""
+        Inputs as in `SeqBertModel.forward`, plus `labels` (`torch.LongTensor` of shape `(B, L)`, *optional*): target
+        ids in `[0, vocab_size)`, -100 where no loss is taken. Returns `MaskedLMOutput` with `logits` (B, L, V) and
+        the mean cross-entropy `loss` (a scalar) over labelled positions when `labels` are given (or summed and
+        divided by `num_items_in_batch` when Trainer passes it).
+        """
+        outputs = self.seqbert(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            return_dict=True,
+            **kwargs,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)  # (B, L, V)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+        return MaskedLMOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+
+
+class SeqBertForSequenceClassification(SeqBertPreTrainedModel):
+    """SeqBERT with a linear classifier on the pooled [CLS] state: regression (`num_labels == 1`), single-label or
+    multi-label classification, chosen by `config.problem_type` exactly as BERT does."""
+
+    # The loss is a mean over the batch and ignores num_items_in_batch: let Trainer scale it for accumulation.
+    accepts_loss_kwargs = False
+
+    def __init__(self, config: SeqBertConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.seqbert = SeqBertModel(config)
+        self.dropout = _classifier_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutput:
+        r"""
+        Inputs as in `SeqBertModel.forward`, plus `labels`, *optional*: `(B,)` int64 class ids in `[0, num_labels)`
+        (single-label), `(B,)` float targets (regression, `num_labels == 1`) or `(B, C)` float multi-hot targets
+        (multi-label). Returns `SequenceClassifierOutput` with `logits` (B, C) and `loss` (scalar: cross-entropy,
+        MSE or BCE-with-logits) when `labels` are given.
+        """
+        outputs = self.seqbert(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            return_dict=True,
+            **kwargs,
+        )
+        logits = self.classifier(self.dropout(outputs.pooler_output))  # (B, C)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(labels, logits, self.config, **kwargs)
+        return SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+
+
+class SeqBertForTokenClassification(SeqBertPreTrainedModel):
+    """SeqBERT with a linear classifier on every token (NER, POS tagging)."""
+
+    def __init__(self, config: SeqBertConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.seqbert = SeqBertModel(config, add_pooling_layer=False)
+        self.dropout = _classifier_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> TokenClassifierOutput:
+        r"""
+        Inputs as in `SeqBertModel.forward`, plus `labels` (`torch.LongTensor` of shape `(B, L)`, *optional*): class
+        ids in `[0, num_labels)`, -100 where no loss is taken. Returns `TokenClassifierOutput` with `logits`
+        (B, L, C) and the cross-entropy `loss` when `labels` are given.
+        """
+        outputs = self.seqbert(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            return_dict=True,
+            **kwargs,
+        )
+        logits = self.classifier(self.dropout(outputs.last_hidden_state))  # (B, L, C)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, self.config, **kwargs)
+        return TokenClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+
+
+class SeqBertForQuestionAnswering(SeqBertPreTrainedModel):
+    """SeqBERT with BERT's extractive-QA head: a linear layer giving span start and end logits per token."""
+
+    accepts_loss_kwargs = False
+
+    def __init__(self, config: SeqBertConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.seqbert = SeqBertModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        start_positions: torch.LongTensor | None = None,
+        end_positions: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> QuestionAnsweringModelOutput:
+        r"""
+        Inputs as in `SeqBertModel.forward`, plus `start_positions` / `end_positions` (`torch.LongTensor` of shape
+        `(B,)`, *optional*): token indices of the answer span (positions beyond L are ignored, as in BERT). Returns
+        `QuestionAnsweringModelOutput` with `start_logits` and `end_logits` (B, L) and the mean of the two
+        cross-entropies as `loss` when both positions are given.
+        """
+        outputs = self.seqbert(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            return_dict=True,
+            **kwargs,
+        )
+        logits = self.qa_outputs(outputs.last_hidden_state)  # (B, L, 2)
+        start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))  # 2 x (B, L)
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            loss = self.loss_function(start_logits, end_logits, start_positions, end_positions, **kwargs)
+        return QuestionAnsweringModelOutput(
+            loss=loss,
+            start_logits=start_logits,
+            end_logits=end_logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+
+
+class SeqBertForMultipleChoice(SeqBertPreTrainedModel):
+    """SeqBERT scoring each of `num_choices` candidate sequences with a linear layer on its pooled [CLS] state."""
+
+    accepts_loss_kwargs = False
+
+    def __init__(self, config: SeqBertConfig):
+        super().__init__(config)
+        self.seqbert = SeqBertModel(config)
+        self.dropout = _classifier_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> MultipleChoiceModelOutput:
+        r"""
+        Inputs of shape `(B, num_choices, L)` (`inputs_embeds`: `(B, num_choices, L, H)`), plus `labels`
+        (`torch.LongTensor` of shape `(B,)`, *optional*): index of the right choice. Returns
+        `MultipleChoiceModelOutput` with `logits` (B, num_choices) and the cross-entropy `loss` when `labels` are given.
+        """
+        reference = input_ids if input_ids is not None else inputs_embeds
+        if reference is None:
+            raise ValueError("Specify exactly one of input_ids or inputs_embeds")
+        num_choices = reference.shape[1]
+
+        def flat(t: torch.Tensor | None, trailing: int) -> torch.Tensor | None:
+            # (B, num_choices, ...) -> (B * num_choices, ...)
+            return None if t is None else t.reshape(-1, *t.shape[t.dim() - trailing :])
+
+        outputs = self.seqbert(
+            flat(input_ids, 1),
+            attention_mask=flat(attention_mask, 1),
+            token_type_ids=flat(token_type_ids, 1),
+            position_ids=flat(position_ids, 1),
+            inputs_embeds=flat(inputs_embeds, 2),
+            return_dict=True,
+            **kwargs,
+        )
+        logits = self.classifier(self.dropout(outputs.pooler_output)).view(-1, num_choices)  # (B, num_choices)
+        loss = CrossEntropyLoss()(logits, labels) if labels is not None else None
+        return MultipleChoiceModelOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+
+
+__all__ = [
+    "SeqBertPreTrainedModel",
+    "SeqBertModel",
+    "SeqBertForMaskedLM",
+    "SeqBertForSequenceClassification",
+    "SeqBertForTokenClassification",
+    "SeqBertForQuestionAnswering",
+    "SeqBertForMultipleChoice",
+    "eager_attention_forward",
+    "sinusoidal_position_table",
+]

