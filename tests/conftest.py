@@ -7,7 +7,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from transformers import AutoTokenizer
+from transformers import (
+    AutoTokenizer,
+    BertConfig,
+    BertForMaskedLM,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
 
 import seqbert
 
@@ -81,3 +89,29 @@ def random_inputs(config, batch=BATCH, length=LENGTH, seed=0, pad_rows=True):
         input_ids = input_ids.masked_fill(attention_mask == 0, config.pad_token_id)
     token_type_ids = torch.randint(0, max(config.type_vocab_size, 1), (batch, length), generator=g)
     return dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids * attention_mask)
+
+
+def bert_base_width_config(**kwargs) -> BertConfig:
+    """bert-base-uncased sizes (hidden 768, 12 heads, intermediate 3072, vocab 30522), 4 layers to keep tests fast."""
+    return BertConfig(num_hidden_layers=4, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def bert_checkpoints(tmp_path_factory, tokenizer):
+    """Seeded random BERT checkpoints of each head class with the real uncased tokenizer, saved like downloaded ones.
+    Returns class name -> folder."""
+    folders = {}
+    for bert_class, kwargs in [
+        (BertForMaskedLM, {}),
+        (BertForPreTraining, {}),
+        (BertForSequenceClassification, {"num_labels": 3}),
+        (BertForTokenClassification, {"num_labels": 5}),
+        (BertForQuestionAnswering, {}),
+    ]:
+        torch.manual_seed(0)
+        model = bert_class(bert_base_width_config(**kwargs))
+        folder = tmp_path_factory.mktemp(bert_class.__name__)
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        folders[bert_class.__name__] = folder
+    return folders

@@ -154,3 +154,16 @@ def load_bert_as_seqbert_state_dict(
     for path in _resolve_weight_files(name_or_path, **hub_kwargs):
         state_dict.update(load_state_dict(path, map_location="cpu"))
     return config, bert_state_dict_to_seqbert(state_dict, config)
+
+
+# The SeqBERT class that keeps every head a BERT checkpoint has, by the checkpoint's `architectures` entry.
+SEQBERT_CLASS_FOR_BERT_ARCHITECTURE = {
+    "BertModel": "SeqBertModel",
+    "BertForPreTraining": "SeqBertForMaskedLM",
+    "BertForMaskedLM": "SeqBertForMaskedLM",
+    "BertLMHeadModel": "SeqBertForMaskedLM",
+    "BertForSequenceClassification": "SeqBertForSequenceClassification",
+    "BertForTokenClassification": "SeqBertForTokenClassification",
+    "BertForQuestionAnswering": "SeqBertForQuestionAnswering",
+    "BertForMultipleChoice": "SeqBertForMultipleChoice",
+}

@@ -17,7 +17,6 @@ import datasets
 import evaluate
 from sklearn.metrics import accuracy_score
 
-
 _DESCRIPTION = """
 Accuracy is the proportion of correct predictions among all predictions:
 Accuracy = (TP + TN) / (TP + TN + FP + FN). Computed by `sklearn.metrics.accuracy_score`.
@@ -64,15 +63,11 @@ class Accuracy(evaluate.Metric):
             description=_DESCRIPTION,
             citation=_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features(
-                {"predictions": datasets.Value("int32"), "references": datasets.Value("int32")}
-            ),
+            features=datasets.Features({"predictions": datasets.Value("int32"), "references": datasets.Value("int32")}),
             reference_urls=["https://scikit-learn.org/stable/modules/generated/sklearn.metrics.accuracy_score.html"],
         )
 
     def _compute(self, predictions, references, normalize=True, sample_weight=None):
         return {
-            "accuracy": float(
-                accuracy_score(references, predictions, normalize=normalize, sample_weight=sample_weight)
-            )
+            "accuracy": float(accuracy_score(references, predictions, normalize=normalize, sample_weight=sample_weight))
         }
