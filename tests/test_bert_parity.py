@@ -26,6 +26,7 @@ from transformers import (
 
 import seqbert
 
+
 TOLERANCE = 1e-5
 
 
@@ -58,7 +59,10 @@ def test_minilm_base_model_parity(minilm_path, padded_snippets):
     with torch.no_grad():
         ref = reference(**padded_snippets, output_hidden_states=True)
         out = model(**padded_snippets, output_hidden_states=True)
-    assert max_delta_on_real_tokens(out.last_hidden_state, ref.last_hidden_state, padded_snippets.attention_mask) <= TOLERANCE
+    assert (
+        max_delta_on_real_tokens(out.last_hidden_state, ref.last_hidden_state, padded_snippets.attention_mask)
+        <= TOLERANCE
+    )
     assert (out.pooler_output - ref.pooler_output).abs().max().item() <= TOLERANCE
     assert len(out.hidden_states) == len(ref.hidden_states) == 7
     for mine, theirs in zip(out.hidden_states, ref.hidden_states, strict=True):
@@ -96,7 +100,10 @@ def labels_for(bert_class, batch):
         return {"labels": torch.randint(0, 3, (n,), generator=g)}
     if bert_class is BertForTokenClassification:
         return {"labels": torch.randint(0, 5, (n, length), generator=g).masked_fill(batch.attention_mask == 0, -100)}
-    return {"start_positions": torch.randint(0, length, (n,), generator=g), "end_positions": torch.randint(0, length, (n,), generator=g)}
+    return {
+        "start_positions": torch.randint(0, length, (n,), generator=g),
+        "end_positions": torch.randint(0, length, (n,), generator=g),
+    }
 
 
 @pytest.mark.parametrize("bert_class,seqbert_class,fields", HEAD_PAIRS, ids=lambda x: getattr(x, "__name__", ""))
@@ -157,7 +164,10 @@ def test_every_non_head_parameter_comes_from_the_checkpoint(minilm_path):
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     ref = reference.state_dict()
     mine = model.state_dict()
-    assert len(mine) == len([k for k in ref if k != "embeddings.position_ids"]) - 2 * reference.config.num_hidden_layers * 2
+    assert (
+        len(mine)
+        == len([k for k in ref if k != "embeddings.position_ids"]) - 2 * reference.config.num_hidden_layers * 2
+    )
     layer0 = torch.cat([ref[f"encoder.layer.0.attention.self.{p}.weight"] for p in ("query", "key", "value")])
     assert torch.equal(mine["encoder.layers.0.attention.qkv_proj.weight"], layer0)
     assert torch.equal(mine["embeddings.layer_norm.weight"], ref["embeddings.LayerNorm.weight"])
@@ -193,7 +203,9 @@ def test_save_then_auto_load_is_bit_exact_with_seqbert_key_names(minilm_path, pa
     loaded = AutoModel.from_pretrained(tmp_path).eval()
     assert type(loaded) is seqbert.SeqBertModel and loaded.config.norm_placement == "post"
     with torch.no_grad():
-        torch.testing.assert_close(loaded(**padded_snippets).last_hidden_state, model(**padded_snippets).last_hidden_state, rtol=0, atol=0)
+        torch.testing.assert_close(
+            loaded(**padded_snippets).last_hidden_state, model(**padded_snippets).last_hidden_state, rtol=0, atol=0
+        )
 
 
 def test_masked_lm_round_trip_through_auto_class(bert_checkpoints, sentence_pairs, tmp_path):
@@ -205,7 +217,11 @@ def test_masked_lm_round_trip_through_auto_class(bert_checkpoints, sentence_pair
 
 
 def test_non_bert_checkpoint_is_rejected(tmp_path):
-    model = seqbert.SeqBertModel(seqbert.SeqBertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37, vocab_size=99))
+    model = seqbert.SeqBertModel(
+        seqbert.SeqBertConfig(
+            hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37, vocab_size=99
+        )
+    )
     model.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="'seqbert' checkpoint, not BERT"):
         seqbert.SeqBertModel.from_bert_pretrained(tmp_path)

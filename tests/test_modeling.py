@@ -20,6 +20,7 @@ from transformers import (
 import seqbert
 from seqbert.modeling_seqbert import sinusoidal_position_table
 
+
 HEAD_CLASSES = [
     (seqbert.SeqBertModel, AutoModel),
     (seqbert.SeqBertForMaskedLM, AutoModelForMaskedLM),
@@ -71,7 +72,10 @@ def test_sinusoidal_positions_are_a_buffer_not_a_parameter():
 
 def test_norm_placement_builds_the_layer_and_final_norm(variant_config):
     model = build(seqbert.SeqBertModel, variant_config)
-    expected = {"pre": seqbert.modeling_seqbert.SeqBertPreNormLayer, "post": seqbert.modeling_seqbert.SeqBertPostNormLayer}
+    expected = {
+        "pre": seqbert.modeling_seqbert.SeqBertPreNormLayer,
+        "post": seqbert.modeling_seqbert.SeqBertPostNormLayer,
+    }
     assert all(type(layer) is expected[variant_config.norm_placement] for layer in model.encoder.layers)
     has_final_norm = isinstance(model.encoder.final_layer_norm, torch.nn.LayerNorm)
     assert has_final_norm == (variant_config.norm_placement == "pre")
@@ -83,12 +87,11 @@ def test_pre_and_post_layer_compute_their_formulas():
     x = torch.randn(2, 5, config.hidden_size)
     for placement in ("pre", "post"):
         layer = seqbert.modeling_seqbert.SEQBERT_LAYER_CLASSES[placement](config).eval()
-        attn = lambda h: layer.attention(h)[0]  # noqa: E731
         if placement == "pre":
-            h = x + attn(layer.attention_norm(x))
+            h = x + layer.attention(layer.attention_norm(x))[0]
             expected = h + layer.mlp(layer.mlp_norm(h))
         else:
-            h = layer.attention_norm(x + attn(x))
+            h = layer.attention_norm(x + layer.attention(x)[0])
             expected = layer.mlp_norm(h + layer.mlp(h))
         torch.testing.assert_close(layer(x), expected, rtol=0, atol=0)
 
@@ -118,20 +121,29 @@ def _labels_and_reference_loss(model, config, inputs, out_fn):
     g = torch.Generator().manual_seed(1)
     ids = inputs["input_ids"]
     if isinstance(model, seqbert.SeqBertForMaskedLM):
-        labels = torch.randint(0, config.vocab_size, ids.shape, generator=g).masked_fill(inputs["attention_mask"] == 0, -100)
-        return {"labels": labels}, lambda o: F.cross_entropy(o.logits.reshape(-1, config.vocab_size), labels.reshape(-1))
+        labels = torch.randint(0, config.vocab_size, ids.shape, generator=g).masked_fill(
+            inputs["attention_mask"] == 0, -100
+        )
+        return {"labels": labels}, lambda o: F.cross_entropy(
+            o.logits.reshape(-1, config.vocab_size), labels.reshape(-1)
+        )
     if isinstance(model, seqbert.SeqBertForSequenceClassification):
         labels = torch.randint(0, config.num_labels, (ids.shape[0],), generator=g)
         return {"labels": labels}, lambda o: F.cross_entropy(o.logits, labels)
     if isinstance(model, seqbert.SeqBertForTokenClassification):
-        labels = torch.randint(0, config.num_labels, ids.shape, generator=g).masked_fill(inputs["attention_mask"] == 0, -100)
-        return {"labels": labels}, lambda o: F.cross_entropy(o.logits.reshape(-1, config.num_labels), labels.reshape(-1))
+        labels = torch.randint(0, config.num_labels, ids.shape, generator=g).masked_fill(
+            inputs["attention_mask"] == 0, -100
+        )
+        return {"labels": labels}, lambda o: F.cross_entropy(
+            o.logits.reshape(-1, config.num_labels), labels.reshape(-1)
+        )
     if isinstance(model, seqbert.SeqBertForQuestionAnswering):
         start = torch.randint(0, ids.shape[1], (ids.shape[0],), generator=g)
         end = torch.randint(0, ids.shape[1], (ids.shape[0],), generator=g)
-        return {"start_positions": start, "end_positions": end}, lambda o: (
-            F.cross_entropy(o.start_logits, start) + F.cross_entropy(o.end_logits, end)
-        ) / 2
+        return {
+            "start_positions": start,
+            "end_positions": end,
+        }, lambda o: (F.cross_entropy(o.start_logits, start) + F.cross_entropy(o.end_logits, end)) / 2
     if isinstance(model, seqbert.SeqBertForMultipleChoice):
         labels = torch.randint(0, NUM_CHOICES, (ids.shape[0],), generator=g)
         return {"labels": labels}, lambda o: F.cross_entropy(o.logits, labels)
@@ -168,13 +180,13 @@ def test_sequence_classification_problem_types(problem_type):
     g = torch.Generator().manual_seed(0)
     if problem_type == "regression":
         labels = torch.randn(BATCH, generator=g)
-        reference = lambda logits: F.mse_loss(logits.squeeze(), labels)  # noqa: E731
+        reference = lambda logits: F.mse_loss(logits.squeeze(), labels)
     elif problem_type == "single_label_classification":
         labels = torch.randint(0, 3, (BATCH,), generator=g)
-        reference = lambda logits: F.cross_entropy(logits, labels)  # noqa: E731
+        reference = lambda logits: F.cross_entropy(logits, labels)
     else:
         labels = torch.randint(0, 2, (BATCH, 3), generator=g).float()
-        reference = lambda logits: F.binary_cross_entropy_with_logits(logits, labels)  # noqa: E731
+        reference = lambda logits: F.binary_cross_entropy_with_logits(logits, labels)
     out = model(**inputs, labels=labels)
     assert model.config.problem_type == problem_type  # inferred exactly as BERT infers it
     torch.testing.assert_close(out.loss, reference(out.logits))
@@ -232,7 +244,9 @@ def test_save_and_auto_load_round_trip_is_bit_exact(model_class, auto_class, var
     assert type(loaded) is model_class
     inputs = inputs_for(model, variant_config)
     with torch.no_grad():
-        torch.testing.assert_close(main_output(loaded, loaded(**inputs)), main_output(model, model(**inputs)), rtol=0, atol=0)
+        torch.testing.assert_close(
+            main_output(loaded, loaded(**inputs)), main_output(model, model(**inputs)), rtol=0, atol=0
+        )
     for name, tensor in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], tensor), name
 
@@ -246,7 +260,9 @@ def test_masked_lm_decoder_is_tied_to_word_embeddings(tmp_path):
 
 
 def test_gradient_checkpointing_gives_the_same_loss_and_gradients(variant_config):
-    config = variant_config.__class__(**{**variant_config.to_dict(), "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})
+    config = variant_config.__class__(
+        **{**variant_config.to_dict(), "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    )
     plain = build(seqbert.SeqBertForSequenceClassification, config).train()
     checkpointed = build(seqbert.SeqBertForSequenceClassification, config).train()
     checkpointed.activation_checkpointing_enable()
@@ -314,7 +330,9 @@ def test_inputs_embeds_equals_input_ids():
     embeds = model.get_input_embeddings()(inputs["input_ids"])
     with torch.no_grad():
         a = model(**inputs).last_hidden_state
-        b = model(inputs_embeds=embeds, attention_mask=inputs["attention_mask"], token_type_ids=inputs["token_type_ids"]).last_hidden_state
+        b = model(
+            inputs_embeds=embeds, attention_mask=inputs["attention_mask"], token_type_ids=inputs["token_type_ids"]
+        ).last_hidden_state
     torch.testing.assert_close(a, b, rtol=0, atol=0)
     with pytest.raises(ValueError, match="exactly one of input_ids or inputs_embeds"):
         model(input_ids=inputs["input_ids"], inputs_embeds=embeds)

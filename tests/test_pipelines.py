@@ -12,8 +12,10 @@ from transformers import pipeline
 
 import seqbert
 
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from convert_bert_checkpoint import ConversionArguments, convert, main  # noqa: E402
+
 
 TOLERANCE = 1e-5
 
@@ -72,7 +74,9 @@ def test_fill_mask(converted, bert_checkpoints):
 def test_text_classification(converted, bert_checkpoints, rt_texts):
     texts = rt_texts[:8]
     ours = pipeline("text-classification", model=str(converted["BertForSequenceClassification"]), top_k=None)(texts)
-    theirs = pipeline("text-classification", model=str(bert_checkpoints["BertForSequenceClassification"]), top_k=None)(texts)
+    theirs = pipeline("text-classification", model=str(bert_checkpoints["BertForSequenceClassification"]), top_k=None)(
+        texts
+    )
     for a, b in zip(ours, theirs, strict=True):
         a, b = sorted(a, key=lambda r: r["label"]), sorted(b, key=lambda r: r["label"])
         assert [r["label"] for r in a] == [r["label"] for r in b]

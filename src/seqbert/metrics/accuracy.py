@@ -17,6 +17,7 @@ import datasets
 import evaluate
 from sklearn.metrics import accuracy_score
 
+
 _DESCRIPTION = """
 Accuracy is the proportion of correct predictions among all predictions:
 Accuracy = (TP + TN) / (TP + TN + FP + FN). Computed by `sklearn.metrics.accuracy_score`.
