@@ -260,3 +260,18 @@ def test_bert_base_uncased_masked_lm_parity(tokenizer, rt_texts, monkeypatch):
     with torch.no_grad():
         delta = max_delta_on_real_tokens(model(**batch).logits, reference(**batch).logits, batch.attention_mask)
     assert delta <= TOLERANCE
+
+
+def test_hub_name_resolves_through_the_hugging_face_cache(bert_checkpoints, sentence_pairs, tmp_path):
+    """A Hub model id goes through huggingface_hub's cache layout (here pre-filled, as after a download)."""
+    source = bert_checkpoints["BertForSequenceClassification"]
+    snapshot = tmp_path / "models--someone--bert-test" / "snapshots" / "0123456789abcdef"
+    shutil.copytree(source, snapshot)
+    (tmp_path / "models--someone--bert-test" / "refs").mkdir()
+    (tmp_path / "models--someone--bert-test" / "refs" / "main").write_text("0123456789abcdef")
+    model = seqbert.SeqBertForSequenceClassification.from_bert_pretrained(
+        "someone/bert-test", cache_dir=tmp_path, local_files_only=True
+    ).eval()
+    reference = BertForSequenceClassification.from_pretrained(source).eval()
+    with torch.no_grad():
+        assert (model(**sentence_pairs).logits - reference(**sentence_pairs).logits).abs().max().item() <= TOLERANCE
