@@ -274,22 +274,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         encoded["label"] = labels if is_class_label else [label_to_id[str(label)] for label in labels]
         return encoded
 
-    train_dataset = eval_dataset = None
+    def tokenized(split: str, max_samples: int | None) -> datasets.Dataset:
+        dataset = raw[split]
+        if max_samples is not None:
+            dataset = dataset.select(range(min(max_samples, len(dataset))))
+        return dataset.map(preprocess, batched=True, remove_columns=dataset.column_names, desc=f"Tokenizing {split}")
+
     with training_args.main_process_first(desc="tokenizing the data"):
-        if training_args.do_train:
-            train_dataset = raw["train"]
-            if data_args.max_train_samples is not None:
-                train_dataset = train_dataset.select(range(min(data_args.max_train_samples, len(train_dataset))))
-            train_dataset = train_dataset.map(
-                preprocess, batched=True, remove_columns=train_dataset.column_names, desc="Tokenizing train"
-            )
-        if training_args.do_eval:
-            eval_dataset = raw["validation"]
-            if data_args.max_eval_samples is not None:
-                eval_dataset = eval_dataset.select(range(min(data_args.max_eval_samples, len(eval_dataset))))
-            eval_dataset = eval_dataset.map(
-                preprocess, batched=True, remove_columns=eval_dataset.column_names, desc="Tokenizing validation"
-            )
+        train_dataset = tokenized("train", data_args.max_train_samples) if training_args.do_train else None
+        eval_dataset = tokenized("validation", data_args.max_eval_samples) if training_args.do_eval else None
 
     # Model and metric.
     model = load_model(model_args, names)
