@@ -1,7 +1,7 @@
 """seqbert: a BERT-style Transformer encoder as first-class Hugging Face `transformers` model code.
 
 Importing the package registers `SeqBertConfig` and every SeqBERT model with the transformers Auto classes, so
-`AutoConfig.for_model("seqbert")`, `AutoModel.from_pretrained(folder)` and `pipeline(...)` work on SeqBERT folders.
+`AutoConfig.for_model("seqbert")`, `AutoModel.from_pretrained(folder)`, `AutoModelForSeq2SeqLM` and `pipeline(...)` work on SeqBERT folders.
 """
 
 from transformers import (
@@ -10,12 +10,14 @@ from transformers import (
     AutoModelForMaskedLM,
     AutoModelForMultipleChoice,
     AutoModelForQuestionAnswering,
+    AutoModelForSeq2SeqLM,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
 )
 
 from .configuration_seqbert import SeqBertConfig
 from .modeling_seqbert import (
+    SeqBertForConditionalGeneration,
     SeqBertForMaskedLM,
     SeqBertForMultipleChoice,
     SeqBertForQuestionAnswering,
@@ -35,6 +37,7 @@ AUTO_CLASSES = {
     AutoModelForTokenClassification: SeqBertForTokenClassification,
     AutoModelForQuestionAnswering: SeqBertForQuestionAnswering,
     AutoModelForMultipleChoice: SeqBertForMultipleChoice,
+    AutoModelForSeq2SeqLM: SeqBertForConditionalGeneration,
 }
 
 AutoConfig.register(SeqBertConfig.model_type, SeqBertConfig, exist_ok=True)
@@ -50,4 +53,5 @@ __all__ = [
     "SeqBertForTokenClassification",
     "SeqBertForQuestionAnswering",
     "SeqBertForMultipleChoice",
+    "SeqBertForConditionalGeneration",
 ]

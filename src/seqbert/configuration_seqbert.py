@@ -5,6 +5,8 @@ This file is copied verbatim into every saved model folder (``save_pretrained``/
 ``transformers`` and the standard library.
 """
 
+import copy
+
 from transformers import PretrainedConfig
 
 
@@ -70,8 +72,12 @@ class SeqBertConfig(PretrainedConfig):
         classifier_dropout (`float`, *optional*): dropout before classification heads; defaults to
             `hidden_dropout_prob`, as in BERT.
         pad_token_id, bos_token_id, eos_token_id, decoder_start_token_id (`int`, *optional*): special token ids.
-        tie_word_embeddings (`bool`, defaults to `True`): tie the LM head decoder to the word embeddings.
-        is_encoder_decoder (`bool`, defaults to `False`): set by `SeqBertForConditionalGeneration` configs.
+        tie_word_embeddings (`bool`, defaults to `True`): tie the LM head decoder to the (decoder's) word embeddings.
+        is_encoder_decoder (`bool`, defaults to `False`): `True` for `SeqBertForConditionalGeneration` configs.
+        share_encoder_decoder_embeddings (`bool`, defaults to `False`): seq2seq only: the decoder uses the encoder's
+            word embedding matrix (and so does the tied LM head). Requires `tie_word_embeddings`. BERT2BERT
+            checkpoints keep two matrices (`False`).
+        use_cache (`bool`, defaults to `True`): seq2seq only: return the decoder's key/value cache for generation.
 
     Raises:
         TypeError: a field has the wrong type.
@@ -105,6 +111,8 @@ class SeqBertConfig(PretrainedConfig):
         decoder_start_token_id: int | None = None,
         tie_word_embeddings: bool = True,
         is_encoder_decoder: bool = False,
+        share_encoder_decoder_embeddings: bool = False,
+        use_cache: bool = True,
         **kwargs,
     ):
         self.vocab_size = vocab_size
@@ -124,8 +132,11 @@ class SeqBertConfig(PretrainedConfig):
         self.position_embedding_type = position_embedding_type
         self.scale_embedding = scale_embedding
         self.classifier_dropout = classifier_dropout
+        self.share_encoder_decoder_embeddings = share_encoder_decoder_embeddings
+        self.use_cache = use_cache
         # Validate before PretrainedConfig.__init__, whose own checks would fail with less helpful messages.
         self._validate_seqbert(
+            tie_word_embeddings=tie_word_embeddings,
             pad_token_id=pad_token_id,
             bos_token_id=bos_token_id,
             eos_token_id=eos_token_id,
@@ -141,7 +152,7 @@ class SeqBertConfig(PretrainedConfig):
             **kwargs,
         )
 
-    def _validate_seqbert(self, **special_token_ids) -> None:
+    def _validate_seqbert(self, tie_word_embeddings: bool, **special_token_ids) -> None:
         """Check every SeqBERT field; raise `TypeError`/`ValueError` naming the field, its value and what is allowed."""
         _check_int("vocab_size", self.vocab_size, 1)
         _check_int("hidden_size", self.hidden_size, 1)
@@ -170,8 +181,14 @@ class SeqBertConfig(PretrainedConfig):
             )
         if self.position_embedding_type == "sinusoidal" and self.hidden_size % 2 != 0:
             raise ValueError(f"hidden_size ({self.hidden_size}) must be even with position_embedding_type='sinusoidal'")
-        if not isinstance(self.scale_embedding, bool):
-            raise TypeError(f"scale_embedding must be a bool, got {self.scale_embedding!r}")
+        for name in ("scale_embedding", "share_encoder_decoder_embeddings", "use_cache"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.share_encoder_decoder_embeddings and not tie_word_embeddings:
+            raise ValueError(
+                "share_encoder_decoder_embeddings (True) requires tie_word_embeddings (False) to be True: the shared "
+                "matrix is tied through the same mechanism as the LM head"
+            )
         # Imported here: transformers.activations pulls in torch, which the config module does not otherwise need.
         from transformers.activations import ACT2FN
 
@@ -183,6 +200,15 @@ class SeqBertConfig(PretrainedConfig):
             _check_int(name, value, 0)
             if value >= self.vocab_size:
                 raise ValueError(f"{name} ({value}) must be < vocab_size ({self.vocab_size})")
+
+    def get_text_config(self, decoder=None, encoder=None) -> "SeqBertConfig":
+        """As `PretrainedConfig.get_text_config`, but the decoder view of a seq2seq config reports the decoder's depth
+        as `num_hidden_layers`, which is what `DynamicCache(config=...)` and `generate` read."""
+        config = super().get_text_config(decoder=decoder, encoder=encoder)
+        if decoder and not encoder and self.is_encoder_decoder and config.num_hidden_layers != self.num_decoder_layers:
+            config = copy.deepcopy(config) if config is self else config
+            config.num_hidden_layers = self.num_decoder_layers
+        return config
 
     @classmethod
     def from_bert_config(cls, bert_config, **kwargs) -> "SeqBertConfig":

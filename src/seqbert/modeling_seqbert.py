@@ -18,20 +18,26 @@ from torch import nn
 from torch.nn import CrossEntropyLoss
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.masking_utils import create_bidirectional_mask
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.generation import GenerationConfig, GenerationMixin
+from transformers.loss.loss_utils import fixed_cross_entropy
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
+    BaseModelOutput,
+    BaseModelOutputWithPastAndCrossAttentions,
     BaseModelOutputWithPooling,
     MaskedLMOutput,
     MultipleChoiceModelOutput,
     QuestionAnsweringModelOutput,
+    Seq2SeqLMOutput,
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
-from transformers.utils import logging
+from transformers.utils import ModelOutput, logging
 from transformers.utils.generic import can_return_tuple
-from transformers.utils.output_capturing import capture_outputs
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_seqbert import SeqBertConfig
 from .convert_bert import load_bert_as_seqbert_state_dict
@@ -163,8 +169,66 @@ def eager_attention_forward(
 
 class SeqBertSelfAttention(nn.Module):
     """
-    Multi-head bidirectional self-attention with one fused Q/K/V projection, dispatched through the transformers
-    attention interface (`config._attn_implementation`: "eager", "sdpa" (default), "flash_attention_2", "flex_attention").
+    Multi-head self-attention with one fused Q/K/V projection, dispatched through the transformers attention
+    interface (`config._attn_implementation`: "eager", "sdpa" (default), "flash_attention_2", "flex_attention").
+    Bidirectional in the encoder; causal, with a key/value cache, in the decoder.
+    """
+
+    def __init__(self, config: SeqBertConfig, layer_idx: int | None = None, is_causal: bool = False):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.scaling = self.head_dim**-0.5
+        self.attention_dropout = config.attention_probs_dropout_prob
+        # The sdpa integration reads `module.is_causal` (default True): the encoder must say False explicitly.
+        self.is_causal = is_causal
+        self.qkv_proj = nn.Linear(config.hidden_size, 3 * config.hidden_size)
+        self.out_proj = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, L, H) -> `(output (B, L, H), attention weights (B, N, L, L_total) or None)`. With `past_key_values`
+        (decoder, generation), this step's keys/values are appended to the self-attention cache first."""
+        input_shape = hidden_states.shape[:-1]  # (B, L)
+        qkv = self.qkv_proj(hidden_states).view(*input_shape, 3, self.num_heads, self.head_dim)  # (B, L, 3, N, D)
+        query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, N, L, D)
+        if past_key_values is not None:
+            cache = (
+                past_key_values.self_attention_cache
+                if isinstance(past_key_values, EncoderDecoderCache)
+                else past_key_values
+            )
+            key, value = cache.update(key, value, self.layer_idx)  # 2 x (B, N, L_past + L, D)
+
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        attn_output, attn_weights = attention_interface(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=self.attention_dropout if self.training else 0.0,
+            scaling=self.scaling,
+            **kwargs,
+        )  # (B, L, N, D)
+        attn_output = attn_output.reshape(*input_shape, -1)  # (B, L, H)
+        return self.out_proj(attn_output), attn_weights
+
+
+class SeqBertCrossAttention(nn.Module):
+    """
+    Decoder-to-encoder multi-head attention ("Attention Is All You Need" §3.2.3): queries from the decoder, keys and
+    values (one fused projection) from the encoder output. During generation the encoder keys/values are computed on
+    the first step and read back from the cross-attention cache afterwards.
     """
 
     def __init__(self, config: SeqBertConfig, layer_idx: int | None = None):
@@ -175,18 +239,33 @@ class SeqBertSelfAttention(nn.Module):
         self.head_dim = config.hidden_size // config.num_attention_heads
         self.scaling = self.head_dim**-0.5
         self.attention_dropout = config.attention_probs_dropout_prob
-        # The sdpa integration reads `module.is_causal` (default True): an encoder must say False explicitly.
         self.is_causal = False
-        self.qkv_proj = nn.Linear(config.hidden_size, 3 * config.hidden_size)
+        self.q_proj = nn.Linear(config.hidden_size, config.hidden_size)
+        self.kv_proj = nn.Linear(config.hidden_size, 2 * config.hidden_size)
         self.out_proj = nn.Linear(config.hidden_size, config.hidden_size)
 
     def forward(
-        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs
+        self,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(B, L, H) -> `(output (B, L, H), attention weights (B, N, L, L) or None)`."""
+        """Decoder states (B, L, H) and encoder states (B, S, H) -> `(output (B, L, H), weights (B, N, L, S) or None)`."""
         input_shape = hidden_states.shape[:-1]  # (B, L)
-        qkv = self.qkv_proj(hidden_states).view(*input_shape, 3, self.num_heads, self.head_dim)  # (B, L, 3, N, D)
-        query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, N, L, D)
+        query = (
+            self.q_proj(hidden_states).view(*input_shape, self.num_heads, self.head_dim).transpose(1, 2)
+        )  # (B, N, L, D)
+        if past_key_values is not None and past_key_values.is_updated.get(self.layer_idx):
+            cached = past_key_values.cross_attention_cache.layers[self.layer_idx]
+            key, value = cached.keys, cached.values  # 2 x (B, N, S, D), computed on the first step
+        else:
+            kv_shape = (*encoder_hidden_states.shape[:-1], 2, self.num_heads, self.head_dim)  # (B, S, 2, N, D)
+            key, value = self.kv_proj(encoder_hidden_states).view(kv_shape).permute(2, 0, 3, 1, 4).unbind(0)
+            if past_key_values is not None:
+                key, value = past_key_values.cross_attention_cache.update(key, value, self.layer_idx)
+                past_key_values.is_updated[self.layer_idx] = True
 
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
@@ -286,6 +365,75 @@ class SeqBertEncoder(nn.Module):
         return self.final_layer_norm(hidden_states)
 
 
+class SeqBertDecoderLayer(GradientCheckpointingLayer):
+    """Parameters of one decoder layer (causal self-attention, cross-attention, feed-forward, each with its
+    LayerNorm). Use `SeqBertPreNormDecoderLayer` or `SeqBertPostNormDecoderLayer`, which add `forward`."""
+
+    def __init__(self, config: SeqBertConfig, layer_idx: int | None = None):
+        super().__init__()
+        self.self_attention = SeqBertSelfAttention(config, layer_idx=layer_idx, is_causal=True)
+        self.self_attention_dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.self_attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.cross_attention = SeqBertCrossAttention(config, layer_idx=layer_idx)
+        self.cross_attention_dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.cross_attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.mlp = SeqBertMLP(config)
+        self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def _self_attend(self, hidden_states, attention_mask, past_key_values, **kwargs) -> torch.Tensor:
+        out = self.self_attention(hidden_states, attention_mask, past_key_values=past_key_values, **kwargs)[0]
+        return self.self_attention_dropout(out)
+
+    def _cross_attend(self, hidden_states, encoder_hidden_states, encoder_attention_mask, past_key_values, **kwargs):
+        out = self.cross_attention(
+            hidden_states, encoder_hidden_states, encoder_attention_mask, past_key_values=past_key_values, **kwargs
+        )[0]
+        return self.cross_attention_dropout(out)
+
+
+class SeqBertPreNormDecoderLayer(SeqBertDecoderLayer):
+    """Pre-LN decoder layer: `x + SelfAttn(LN(x))`, `x + CrossAttn(LN(x), enc)`, `x + FFN(LN(x))`. (B, L, H) -> (B, L, H)."""
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        encoder_hidden_states: torch.Tensor,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        x = hidden_states
+        x = x + self._self_attend(self.self_attention_norm(x), attention_mask, past_key_values, **kwargs)
+        x = x + self._cross_attend(
+            self.cross_attention_norm(x), encoder_hidden_states, encoder_attention_mask, past_key_values, **kwargs
+        )
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class SeqBertPostNormDecoderLayer(SeqBertDecoderLayer):
+    """Post-LN decoder layer (BERT2BERT): `LN(x + SelfAttn(x))`, `LN(x + CrossAttn(x, enc))`, `LN(x + FFN(x))`."""
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        encoder_hidden_states: torch.Tensor,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        x = hidden_states
+        x = self.self_attention_norm(x + self._self_attend(x, attention_mask, past_key_values, **kwargs))
+        x = self.cross_attention_norm(
+            x + self._cross_attend(x, encoder_hidden_states, encoder_attention_mask, past_key_values, **kwargs)
+        )
+        return self.mlp_norm(x + self.mlp(x))
+
+
+SEQBERT_DECODER_LAYER_CLASSES = {"pre": SeqBertPreNormDecoderLayer, "post": SeqBertPostNormDecoderLayer}
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Pooler and LM head
 # ----------------------------------------------------------------------------------------------------------------------
@@ -334,7 +482,13 @@ class SeqBertPreTrainedModel(PreTrainedModel):
     config_class = SeqBertConfig
     base_model_prefix = "seqbert"
     supports_gradient_checkpointing = True
-    _no_split_modules = ["SeqBertEmbeddings", "SeqBertPreNormLayer", "SeqBertPostNormLayer"]
+    _no_split_modules = [
+        "SeqBertEmbeddings",
+        "SeqBertPreNormLayer",
+        "SeqBertPostNormLayer",
+        "SeqBertPreNormDecoderLayer",
+        "SeqBertPostNormDecoderLayer",
+    ]
     _supports_sdpa = True
     _supports_flash_attn = True
     _supports_flex_attn = True
@@ -381,9 +535,22 @@ class SeqBertPreTrainedModel(PreTrainedModel):
         hub_kwargs = {k: kwargs.pop(k) for k in _HUB_KWARGS if k in kwargs}
         loading_kwargs = {k: kwargs.pop(k) for k in _LOADING_KWARGS if k in kwargs}
         config, state_dict = load_bert_as_seqbert_state_dict(
-            pretrained_model_name_or_path, config_overrides=kwargs, **hub_kwargs
+            pretrained_model_name_or_path,
+            config_overrides=kwargs,
+            seq2seq=issubclass(cls, GenerationMixin),
+            **hub_kwargs,
         )
-        return cls.from_pretrained(None, config=config, state_dict=state_dict, **loading_kwargs)
+        loaded = cls.from_pretrained(None, config=config, state_dict=state_dict, **loading_kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded
+        if model.can_generate():
+            # Keep the generation settings the checkpoint ships (beam size, length limits, ...), if any.
+            try:
+                source = GenerationConfig.from_pretrained(pretrained_model_name_or_path, **hub_kwargs)
+            except OSError:
+                source = None
+            if source is not None:
+                model.generation_config.update(**source.to_diff_dict())
+        return loaded
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -396,13 +563,22 @@ class SeqBertModel(SeqBertPreTrainedModel):
     The SeqBERT encoder: embeddings, `num_hidden_layers` pre- or post-LN layers and an optional BERT pooler.
     `AutoModel` maps `SeqBertConfig` here.
 
+    On a seq2seq config (`is_encoder_decoder`), `AutoModel.from_pretrained` of a `SeqBertForConditionalGeneration`
+    folder gives this encoder with the encoder's weights: no pooler by default, and the decoder and LM-head weights
+    of the checkpoint are skipped without warnings.
+
     Args:
         config (`SeqBertConfig`): model configuration.
-        add_pooling_layer (`bool`, defaults to `True`): build the pooler (needed by sequence classification).
+        add_pooling_layer (`bool`, *optional*): build the pooler (needed by sequence classification); defaults to
+            `True`, or `False` on a seq2seq config.
     """
 
-    def __init__(self, config: SeqBertConfig, add_pooling_layer: bool = True):
+    def __init__(self, config: SeqBertConfig, add_pooling_layer: bool | None = None):
         super().__init__(config)
+        if add_pooling_layer is None:
+            add_pooling_layer = not config.is_encoder_decoder
+        if config.is_encoder_decoder:
+            self._keys_to_ignore_on_load_unexpected = [r"^decoder\.", r"^lm_head\."]
         self.embeddings = SeqBertEmbeddings(config)
         self.encoder = SeqBertEncoder(config)
         self.pooler = SeqBertPooler(config) if add_pooling_layer else None
@@ -454,6 +630,111 @@ class SeqBertModel(SeqBertPreTrainedModel):
         sequence_output = self.encoder(embedding_output, attention_mask, **kwargs)  # (B, L, H)
         pooled_output = self.pooler(sequence_output) if self.pooler is not None else None  # (B, H)
         return BaseModelOutputWithPooling(last_hidden_state=sequence_output, pooler_output=pooled_output)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The decoder (used by SeqBertForConditionalGeneration)
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+class SeqBertDecoder(SeqBertPreTrainedModel):
+    """
+    The SeqBERT decoder: its own embeddings (word, position, segment 0), `num_decoder_layers` causal layers with
+    cross-attention over the encoder output, and a final LayerNorm when pre-LN. Not registered with an Auto class;
+    `SeqBertForConditionalGeneration.decoder` is one.
+    """
+
+    _can_record_outputs = {
+        "hidden_states": SeqBertDecoderLayer,
+        "attentions": OutputRecorder(SeqBertSelfAttention, index=1, layer_name="self_attention"),
+        "cross_attentions": OutputRecorder(SeqBertCrossAttention, index=1),
+    }
+
+    def __init__(self, config: SeqBertConfig):
+        super().__init__(config)
+        self.embeddings = SeqBertEmbeddings(config)
+        layer_class = SEQBERT_DECODER_LAYER_CLASSES[config.norm_placement]
+        self.layers = nn.ModuleList([layer_class(config, layer_idx=i) for i in range(config.num_decoder_layers)])
+        self.final_layer_norm = (
+            nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+            if config.norm_placement == "pre"
+            else nn.Identity()
+        )
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embeddings.word_embeddings = value
+
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPastAndCrossAttentions:
+        r"""
+        Args:
+            input_ids (`torch.LongTensor` of shape `(B, L)`): decoder token ids (the new ones only, when a cache is given).
+            attention_mask (`torch.Tensor` of shape `(B, L_past + L)`, *optional*): 1 for real decoder tokens.
+            encoder_hidden_states (`torch.Tensor` of shape `(B, S, H)`): the encoder output.
+            encoder_attention_mask (`torch.Tensor` of shape `(B, S)`, *optional*): 1 for real source tokens.
+            past_key_values (`EncoderDecoderCache`, *optional*): created here when `use_cache` and none is given.
+            inputs_embeds (`torch.Tensor` of shape `(B, L, H)`, *optional*): instead of `input_ids`.
+            use_cache (`bool`, *optional*): defaults to `config.use_cache`.
+
+        Returns:
+            `BaseModelOutputWithPastAndCrossAttentions` with `last_hidden_state` (B, L, H) and `past_key_values`.
+        """
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Specify exactly one of decoder_input_ids or decoder_inputs_embeds")
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if use_cache and past_key_values is None:
+            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if inputs_embeds is None:
+            inputs_embeds = self.embeddings.word_embeddings(input_ids)  # (B, L, H)
+        batch_size, seq_length = inputs_embeds.shape[:2]
+        position_ids = torch.arange(past_length, past_length + seq_length, device=inputs_embeds.device).unsqueeze(0)
+        hidden_states = self.embeddings(inputs_embeds=inputs_embeds, position_ids=position_ids)  # (B, L, H)
+
+        if attention_mask is None:
+            attention_mask = torch.ones(batch_size, past_length + seq_length, device=inputs_embeds.device)
+        self_attention_cache = past_key_values.self_attention_cache if past_key_values is not None else None
+        # Both masks once per forward, in the format of the configured attention backend.
+        attention_mask = create_causal_mask(
+            config=self.config,
+            inputs_embeds=hidden_states,
+            attention_mask=attention_mask,
+            past_key_values=self_attention_cache,
+            position_ids=position_ids,
+        )
+        encoder_attention_mask = create_bidirectional_mask(
+            config=self.config,
+            inputs_embeds=hidden_states,
+            attention_mask=encoder_attention_mask,
+            encoder_hidden_states=encoder_hidden_states,
+        )
+        for layer in self.layers:
+            hidden_states = layer(
+                hidden_states,
+                attention_mask,
+                encoder_hidden_states,  # positional, for gradient checkpointing
+                encoder_attention_mask=encoder_attention_mask,
+                past_key_values=past_key_values,
+                **kwargs,
+            )
+        return BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=self.final_layer_norm(hidden_states),
+            past_key_values=past_key_values if use_cache else None,
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -720,6 +1001,153 @@ class SeqBertForMultipleChoice(SeqBertPreTrainedModel):
         )
 
 
+# ----------------------------------------------------------------------------------------------------------------------
+# Sequence to sequence
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Teacher-forcing decoder inputs: `labels` (B, T) shifted one step right behind `decoder_start_token_id`, with
+    the -100 of ignored positions replaced by `pad_token_id`. Returns (B, T) int64."""
+    shifted = labels.new_zeros(labels.shape)
+    shifted[:, 1:] = labels[:, :-1]
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
+    """
+    Encoder-decoder SeqBERT ("Attention Is All You Need" §3.1): `self.seqbert` is the encoder (a `SeqBertModel`
+    without pooler, so `AutoModel` on a seq2seq checkpoint yields it), `self.decoder` the decoder and `self.lm_head`
+    BERT's LM head, tied to the decoder word embeddings. Reads as `decode(encode(src, src_mask), src_mask, tgt)`.
+
+    Generation goes through `GenerationMixin` (greedy, beam search, sampling) with an `EncoderDecoderCache`; the
+    cross-attention keys and values are computed once per generation. `from_bert_pretrained` warm-starts encoder and
+    decoder from one BERT checkpoint (BERT2BERT) or converts a transformers `EncoderDecoderModel` with BERT on both
+    sides exactly.
+    """
+
+    _tied_weights_keys = {"lm_head.decoder.weight": "decoder.embeddings.word_embeddings.weight"}
+
+    def __init__(self, config: SeqBertConfig):
+        super().__init__(config)
+        self.seqbert = SeqBertModel(config, add_pooling_layer=False)
+        self.decoder = SeqBertDecoder(config)
+        self.lm_head = SeqBertLMHead(config)
+        if config.share_encoder_decoder_embeddings:
+            self._tied_weights_keys = {
+                "decoder.embeddings.word_embeddings.weight": "seqbert.embeddings.word_embeddings.weight",
+                "lm_head.decoder.weight": "seqbert.embeddings.word_embeddings.weight",
+            }
+        self.post_init()
+
+    def get_encoder(self) -> SeqBertModel:
+        return self.seqbert
+
+    def get_decoder(self) -> SeqBertDecoder:
+        return self.decoder
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.seqbert.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.seqbert.set_input_embeddings(value)
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head.decoder
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        self.lm_head.decoder = new_embeddings
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqLMOutput:
+        r"""
+        Args:
+            input_ids (`torch.LongTensor` of shape `(B, S)`): source token ids (or `inputs_embeds` (B, S, H)).
+            attention_mask (`torch.Tensor` of shape `(B, S)`, *optional*): 1 for real source tokens, 0 for padding.
+            token_type_ids (`torch.LongTensor` of shape `(B, S)`, *optional*): source segment ids.
+            decoder_input_ids (`torch.LongTensor` of shape `(B, T)`, *optional*): decoder inputs; built from `labels`
+                (shifted right behind `decoder_start_token_id`) when omitted.
+            decoder_attention_mask (`torch.Tensor` of shape `(B, T)`, *optional*): 1 for real decoder tokens; built
+                from `labels` with the decoder inputs (0 where the input came from an ignored label).
+            encoder_outputs (`BaseModelOutput` or tuple, *optional*): a precomputed encoder output (generation).
+            past_key_values (`EncoderDecoderCache`, *optional*): decoder cache from a previous step.
+            labels (`torch.LongTensor` of shape `(B, T)`, *optional*): target ids, -100 where no loss is taken.
+            use_cache (`bool`, *optional*): return the cache (defaults to `config.use_cache`; off when `labels`).
+
+        Returns:
+            `Seq2SeqLMOutput`: `logits` (B, T, V) float, `loss` (scalar mean cross-entropy over labelled positions, or
+            summed / `num_items_in_batch` when Trainer passes it), `past_key_values`, and on request decoder and
+            encoder hidden states, self-attentions and cross-attentions.
+        """
+        if labels is not None:
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+                if decoder_attention_mask is None:
+                    # Inputs that came from ignored (-100) labels are padding: no position attends to them.
+                    decoder_attention_mask = torch.ones_like(labels)
+                    decoder_attention_mask[:, 1:] = labels[:, :-1] != -100
+        if encoder_outputs is None:
+            encoder_outputs = self.seqbert(
+                input_ids,
+                attention_mask=attention_mask,
+                token_type_ids=token_type_ids,
+                inputs_embeds=inputs_embeds,
+                return_dict=True,
+                **kwargs,
+            )
+        elif not isinstance(encoder_outputs, ModelOutput):  # a tuple, as with return_dict=False
+            encoder_outputs = BaseModelOutput(*encoder_outputs)
+        decoder_outputs = self.decoder(
+            decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            return_dict=True,
+            **kwargs,
+        )
+        logits = self.lm_head(decoder_outputs.last_hidden_state)  # (B, T, V)
+        loss = None
+        if labels is not None:
+            loss = fixed_cross_entropy(
+                logits.view(-1, self.config.vocab_size).float(),
+                labels.view(-1).to(logits.device),
+                num_items_in_batch=kwargs.get("num_items_in_batch"),
+            )
+        return Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=decoder_outputs.past_key_values,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions,
+            cross_attentions=decoder_outputs.cross_attentions,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+        )
+
+
 __all__ = [
     "SeqBertPreTrainedModel",
     "SeqBertModel",
@@ -728,6 +1156,7 @@ __all__ = [
     "SeqBertForTokenClassification",
     "SeqBertForQuestionAnswering",
     "SeqBertForMultipleChoice",
+    "SeqBertForConditionalGeneration",
     "eager_attention_forward",
     "sinusoidal_position_table",
 ]
