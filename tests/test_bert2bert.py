@@ -1,0 +1,136 @@
+"""BERT2BERT: exact conversion of transformers EncoderDecoderModel checkpoints (BERT encoder and decoder) and the
+BERT warm start, against EncoderDecoderModel itself, on real text."""
+
+import pytest
+import torch
+from transformers import BertConfig, EncoderDecoderConfig, EncoderDecoderModel
+
+import seqbert
+
+
+TOLERANCE = 1e-4
+
+
+def save_bert2bert(model: EncoderDecoderModel, tokenizer, folder):
+    model.config.decoder_start_token_id = tokenizer.cls_token_id
+    model.config.eos_token_id = tokenizer.sep_token_id
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def seeded_bert2bert(tmp_path_factory, tokenizer):
+    """A seeded random BERT2BERT (MiniLM widths; encoder 2 layers, decoder 3) saved like a downloaded one."""
+    encoder = BertConfig(hidden_size=384, num_hidden_layers=2, num_attention_heads=12, intermediate_size=1536)
+    decoder = BertConfig(
+        hidden_size=384,
+        num_hidden_layers=3,
+        num_attention_heads=12,
+        intermediate_size=1536,
+        is_decoder=True,
+        add_cross_attention=True,
+    )
+    torch.manual_seed(0)
+    model = EncoderDecoderModel(EncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder))
+    return save_bert2bert(model, tokenizer, tmp_path_factory.mktemp("bert2bert"))
+
+
+@pytest.fixture(scope="module")
+def minilm_bert2bert(tmp_path_factory, tokenizer, minilm_path):
+    """BERT2BERT warm-started by transformers from the real MiniLM weights on both sides (cross-attention seeded)."""
+    torch.manual_seed(0)
+    model = EncoderDecoderModel.from_encoder_decoder_pretrained(str(minilm_path), str(minilm_path))
+    return save_bert2bert(model, tokenizer, tmp_path_factory.mktemp("minilm2minilm"))
+
+
+@pytest.fixture(scope="module")
+def pairs(tokenizer, rt_texts):
+    """Real snippets as sources and (other) real snippets as targets, both padded."""
+    source = tokenizer(rt_texts[:6], padding=True, return_tensors="pt")
+    target = tokenizer(rt_texts[6:12], padding=True, return_tensors="pt")
+    labels = target.input_ids.masked_fill(target.attention_mask == 0, -100)
+    return source, labels
+
+
+@pytest.mark.parametrize("checkpoint", ["seeded_bert2bert", "minilm_bert2bert"])
+def test_encoder_decoder_model_converts_exactly(request, checkpoint, pairs, tokenizer):
+    folder = request.getfixturevalue(checkpoint)
+    reference = EncoderDecoderModel.from_pretrained(folder).eval()
+    model, info = seqbert.SeqBertForConditionalGeneration.from_bert_pretrained(folder, output_loading_info=True)
+    model.eval()
+    assert not info["missing_keys"], info
+    # EncoderDecoderModel's BERT encoder carries a pooler the seq2seq model does not use: reported, not hidden.
+    assert set(info["unexpected_keys"]) <= {"seqbert.pooler.dense.weight", "seqbert.pooler.dense.bias"}
+    assert model.config.decoder_start_token_id == tokenizer.cls_token_id
+    assert model.config.num_decoder_layers == reference.config.decoder.num_hidden_layers
+
+    source, labels = pairs
+    with torch.no_grad():
+        ref = reference(**source, labels=labels)
+        out = model(**source, labels=labels)
+    assert (out.logits - ref.logits).abs().max().item() <= TOLERANCE
+    assert abs(out.loss.item() - ref.loss.item()) <= TOLERANCE
+
+    ids = dict(decoder_start_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id, pad_token_id=0)
+    for generation in (dict(do_sample=False), dict(num_beams=4), dict(num_beams=4, num_return_sequences=2)):
+        expected = reference.generate(**source, max_new_tokens=16, **ids, **generation)
+        assert torch.equal(model.generate(**source, max_new_tokens=16, **generation), expected), generation
+
+
+def test_warm_start_from_bert_matches_transformers_bert2bert(minilm_path, minilm_bert2bert, pairs):
+    model, info = seqbert.SeqBertForConditionalGeneration.from_bert_pretrained(minilm_path, output_loading_info=True)
+    # Cross-attention (and the LM head transform, which MiniLM has not) are new, and reported as such.
+    missing = info["missing_keys"]
+    assert {k for k in missing if "cross_attention" in k} == {
+        f"decoder.layers.{i}.{name}" for i in range(6)
+        for name in ("cross_attention.q_proj.weight", "cross_attention.q_proj.bias", "cross_attention.kv_proj.weight",
+                     "cross_attention.kv_proj.bias", "cross_attention.out_proj.weight", "cross_attention.out_proj.bias",
+                     "cross_attention_norm.weight", "cross_attention_norm.bias")
+    }  # fmt: skip
+    assert {k for k in missing if "cross_attention" not in k} == {
+        "lm_head.dense.weight", "lm_head.dense.bias", "lm_head.layer_norm.weight", "lm_head.layer_norm.bias", "lm_head.decoder.bias"
+    }  # fmt: skip
+    assert model.config.is_encoder_decoder and model.config.decoder_start_token_id == 101
+
+    # Every warm-started weight equals what transformers' BERT2BERT warm start put in the same place.
+    reference = seqbert.SeqBertForConditionalGeneration.from_bert_pretrained(minilm_bert2bert)
+    expected = reference.state_dict()
+    for name, tensor in model.state_dict().items():
+        if name not in missing and name != "lm_head.decoder.weight":
+            assert torch.equal(tensor, expected[name]), name
+    # ... and the encoder and decoder are separate copies.
+    assert model.decoder.embeddings.word_embeddings.weight is not model.seqbert.embeddings.word_embeddings.weight
+    source, _ = pairs
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model.get_encoder()(**source).last_hidden_state,
+            reference.get_encoder()(**source).last_hidden_state,
+            rtol=0,
+            atol=0,
+        )
+
+
+def test_mismatched_encoder_and_decoder_sizes_are_rejected(tmp_path, tokenizer):
+    encoder = BertConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=128)
+    decoder = BertConfig(
+        hidden_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=96,
+        is_decoder=True,
+        add_cross_attention=True,
+    )
+    save_bert2bert(
+        EncoderDecoderModel(EncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)), tokenizer, tmp_path
+    )
+    with pytest.raises(
+        ValueError, match=r"encoder intermediate_size \(128\) differs from decoder intermediate_size \(96\)"
+    ):
+        seqbert.SeqBertForConditionalGeneration.from_bert_pretrained(tmp_path)
+
+
+def test_encoder_only_classes_reject_bert2bert_checkpoints(seeded_bert2bert):
+    with pytest.raises(ValueError, match="'encoder-decoder' checkpoint, not BERT"):
+        seqbert.SeqBertModel.from_bert_pretrained(seeded_bert2bert)
