@@ -54,6 +54,7 @@ from transformers.training_args import ParallelMode
 import seqbert
 from seqbert.data import load_rotten_tomatoes, minilm_checkpoint_path
 from seqbert.metrics import ACCURACY_PATH
+from seqbert.plots import save_loss_curve
 
 
 DATA_FILE_EXTENSIONS = ("csv", "json", "jsonl")
@@ -191,25 +192,6 @@ def load_model(model_args: ModelArguments, names: list[str]):
         ignore_mismatched_sizes=model_args.ignore_mismatched_sizes,
         **label_kwargs,
     )
-
-
-def save_loss_curve(log_history: list[dict], path: str) -> None:
-    """Plot training loss against step, with evaluation-loss points, from `trainer.state.log_history` into `path`."""
-    from matplotlib.figure import Figure  # the object-oriented API needs no pyplot state nor display backend
-
-    train = [(entry["step"], entry["loss"]) for entry in log_history if "loss" in entry]
-    evals = [(entry["step"], entry["eval_loss"]) for entry in log_history if "eval_loss" in entry]
-    figure = Figure(figsize=(6, 4), layout="constrained")
-    axes = figure.subplots()
-    if train:
-        axes.plot(*zip(*train, strict=True), label="training loss")
-    if evals:
-        axes.plot(*zip(*evals, strict=True), "o--", label="evaluation loss")
-    axes.set_xlabel("step")
-    axes.set_ylabel("cross-entropy loss")
-    axes.grid(alpha=0.3)
-    axes.legend()
-    figure.savefig(path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:

