@@ -167,14 +167,14 @@ def eager_attention_forward(
     return attn_output.transpose(1, 2).contiguous(), attn_weights  # (B, L_q, N, D)
 
 
-class SeqBertSelfAttention(nn.Module):
+class SeqBertAttention(nn.Module):
     """
-    Multi-head self-attention with one fused Q/K/V projection, dispatched through the transformers attention
-    interface (`config._attn_implementation`: "eager", "sdpa" (default), "flash_attention_2", "flex_attention").
-    Bidirectional in the encoder; causal, with a key/value cache, in the decoder.
+    What self- and cross-attention share: head sizes, the output projection, and the dispatch of scaled dot-product
+    attention through the transformers attention interface (`config._attn_implementation`: "eager", "sdpa"
+    (default), "flash_attention_2", "flex_attention"). Subclasses make the queries, keys and values.
     """
 
-    def __init__(self, config: SeqBertConfig, layer_idx: int | None = None, is_causal: bool = False):
+    def __init__(self, config: SeqBertConfig, layer_idx: int | None, is_causal: bool):
         super().__init__()
         self.config = config
         self.layer_idx = layer_idx
@@ -182,10 +182,40 @@ class SeqBertSelfAttention(nn.Module):
         self.head_dim = config.hidden_size // config.num_attention_heads
         self.scaling = self.head_dim**-0.5
         self.attention_dropout = config.attention_probs_dropout_prob
-        # The sdpa integration reads `module.is_causal` (default True): the encoder must say False explicitly.
+        # The sdpa integration reads `module.is_causal` (default True): bidirectional attention must say False.
         self.is_causal = is_causal
-        self.qkv_proj = nn.Linear(config.hidden_size, 3 * config.hidden_size)
         self.out_proj = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def _attend(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, N, L, D) queries and (B, N, S, D) keys/values -> `(output (B, L, H), weights (B, N, L, S) or None)`."""
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        attn_output, attn_weights = attention_interface(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=self.attention_dropout if self.training else 0.0,
+            scaling=self.scaling,
+            **kwargs,
+        )  # (B, L, N, D)
+        attn_output = attn_output.reshape(*attn_output.shape[:2], -1)  # (B, L, H)
+        return self.out_proj(attn_output), attn_weights
+
+
+class SeqBertSelfAttention(SeqBertAttention):
+    """
+    Multi-head self-attention with one fused Q/K/V projection. Bidirectional in the encoder; causal, with a
+    key/value cache, in the decoder.
+    """
+
+    def __init__(self, config: SeqBertConfig, layer_idx: int | None = None, is_causal: bool = False):
+        super().__init__(config, layer_idx, is_causal)
+        self.qkv_proj = nn.Linear(config.hidden_size, 3 * config.hidden_size)
 
     def forward(
         self,
@@ -206,25 +236,10 @@ class SeqBertSelfAttention(nn.Module):
                 else past_key_values
             )
             key, value = cache.update(key, value, self.layer_idx)  # 2 x (B, N, L_past + L, D)
-
-        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, eager_attention_forward
-        )
-        attn_output, attn_weights = attention_interface(
-            self,
-            query,
-            key,
-            value,
-            attention_mask,
-            dropout=self.attention_dropout if self.training else 0.0,
-            scaling=self.scaling,
-            **kwargs,
-        )  # (B, L, N, D)
-        attn_output = attn_output.reshape(*input_shape, -1)  # (B, L, H)
-        return self.out_proj(attn_output), attn_weights
+        return self._attend(query, key, value, attention_mask, **kwargs)
 
 
-class SeqBertCrossAttention(nn.Module):
+class SeqBertCrossAttention(SeqBertAttention):
     """
     Decoder-to-encoder multi-head attention ("Attention Is All You Need" §3.2.3): queries from the decoder, keys and
     values (one fused projection) from the encoder output. During generation the encoder keys/values are computed on
@@ -232,17 +247,9 @@ class SeqBertCrossAttention(nn.Module):
     """
 
     def __init__(self, config: SeqBertConfig, layer_idx: int | None = None):
-        super().__init__()
-        self.config = config
-        self.layer_idx = layer_idx
-        self.num_heads = config.num_attention_heads
-        self.head_dim = config.hidden_size // config.num_attention_heads
-        self.scaling = self.head_dim**-0.5
-        self.attention_dropout = config.attention_probs_dropout_prob
-        self.is_causal = False
+        super().__init__(config, layer_idx, is_causal=False)
         self.q_proj = nn.Linear(config.hidden_size, config.hidden_size)
         self.kv_proj = nn.Linear(config.hidden_size, 2 * config.hidden_size)
-        self.out_proj = nn.Linear(config.hidden_size, config.hidden_size)
 
     def forward(
         self,
@@ -266,22 +273,7 @@ class SeqBertCrossAttention(nn.Module):
             if past_key_values is not None:
                 key, value = past_key_values.cross_attention_cache.update(key, value, self.layer_idx)
                 past_key_values.is_updated[self.layer_idx] = True
-
-        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, eager_attention_forward
-        )
-        attn_output, attn_weights = attention_interface(
-            self,
-            query,
-            key,
-            value,
-            attention_mask,
-            dropout=self.attention_dropout if self.training else 0.0,
-            scaling=self.scaling,
-            **kwargs,
-        )  # (B, L, N, D)
-        attn_output = attn_output.reshape(*input_shape, -1)  # (B, L, H)
-        return self.out_proj(attn_output), attn_weights
+        return self._attend(query, key, value, attention_mask, **kwargs)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
