@@ -49,15 +49,12 @@ from transformers import (
     TrainingArguments,
 )
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
-from transformers.training_args import ParallelMode
 
 import seqbert
 from seqbert.data import load_rotten_tomatoes, minilm_checkpoint_path
 from seqbert.metrics import ACCURACY_PATH
 from seqbert.plots import save_loss_curve
-
-
-DATA_FILE_EXTENSIONS = ("csv", "json", "jsonl")
+from seqbert.script_utils import check_data_file, check_distributed_launch, load_data_files, setup_logging
 
 
 @dataclass
@@ -107,9 +104,7 @@ class DataArguments:
                 f"validation_file ({self.validation_file!r}): give either a Hub dataset or local files"
             )
         for name in ("train_file", "validation_file"):
-            path = getattr(self, name)
-            if path is not None and path.rsplit(".", 1)[-1] not in DATA_FILE_EXTENSIONS:
-                raise ValueError(f"{name} ({path!r}) must end in one of {['.' + ext for ext in DATA_FILE_EXTENSIONS]}")
+            check_data_file(name, getattr(self, name))
         if self.max_seq_length < 1:
             raise ValueError(f"max_seq_length ({self.max_seq_length}) must be >= 1")
 
@@ -144,15 +139,10 @@ def load_raw_datasets(data_args: DataArguments, cache_dir: str | None) -> datase
         if "validation" not in raw and "test" in raw:
             raw["validation"] = raw["test"]
         return raw
-    if data_args.train_file is not None or data_args.validation_file is not None:
-        data_files = {}
-        if data_args.train_file is not None:
-            data_files["train"] = data_args.train_file
-        if data_args.validation_file is not None:
-            data_files["validation"] = data_args.validation_file
-        extension = next(iter(data_files.values())).rsplit(".", 1)[-1]
-        builder = "json" if extension in ("json", "jsonl") else extension
-        return datasets.load_dataset(builder, data_files=data_files, cache_dir=cache_dir)
+    files = {"train": data_args.train_file, "validation": data_args.validation_file}
+    files = {split: path for split, path in files.items() if path is not None}
+    if files:
+        return load_data_files(files, cache_dir)
     return load_rotten_tomatoes()
 
 
@@ -202,30 +192,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     else:
         model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
 
-    logging.basicConfig(
-        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
-        datefmt="%m/%d/%Y %H:%M:%S",
-        handlers=[logging.StreamHandler(sys.stdout)],
-    )
     logger = logging.getLogger(__name__)
-    log_level = training_args.get_process_log_level()
-    logger.setLevel(log_level)
-    datasets.utils.logging.set_verbosity(log_level)
-    transformers.utils.logging.set_verbosity(log_level)
-    transformers.utils.logging.enable_default_handler()
-    transformers.utils.logging.enable_explicit_format()
-    logger.warning(
-        f"Process rank: {training_args.process_index}, device: {training_args.device}, n_gpu: {training_args.n_gpu}, "
-        f"distributed training: {training_args.parallel_mode.value == 'distributed'}"
-    )
+    setup_logging(training_args, logger)
     logger.info(f"Training/evaluation parameters {training_args}")
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size > 1 and training_args.parallel_mode != ParallelMode.DISTRIBUTED:
-        raise ValueError(
-            f"launched as {world_size} processes (WORLD_SIZE={world_size}) but transformers set up "
-            f"parallel_mode={training_args.parallel_mode.value!r}, so each process would train alone on all the data: "
-            "on a machine without GPU add --use_cpu (DDP over CPU processes with the gloo backend)"
-        )
+    check_distributed_launch(training_args)
 
     if model_args.model_name_or_path is None:
         model_args.model_name_or_path = str(minilm_checkpoint_path())

@@ -31,7 +31,6 @@ first letter upper-cased, before scoring.
 
 import logging
 import os
-import sys
 from dataclasses import dataclass, field
 
 import datasets
@@ -48,15 +47,14 @@ from transformers import (
     Seq2SeqTrainingArguments,
 )
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
-from transformers.training_args import ParallelMode
 
 import seqbert
 from seqbert.data import load_bible_pairs, minilm_checkpoint_path
 from seqbert.plots import save_loss_curve
+from seqbert.script_utils import check_data_file, check_distributed_launch, load_data_files, setup_logging
 
 
 logger = logging.getLogger(__name__)
-DATA_FILE_EXTENSIONS = ("csv", "json", "jsonl")
 
 
 @dataclass
@@ -104,9 +102,7 @@ class DataArguments:
                 "test_file: give either a Hub dataset or local files"
             )
         for name in ("train_file", "validation_file", "test_file"):
-            path = getattr(self, name)
-            if path is not None and path.rsplit(".", 1)[-1] not in DATA_FILE_EXTENSIONS:
-                raise ValueError(f"{name} ({path!r}) must end in one of {['.' + ext for ext in DATA_FILE_EXTENSIONS]}")
+            check_data_file(name, getattr(self, name))
         for name in ("max_source_length", "max_target_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be >= 1")
@@ -145,9 +141,7 @@ def load_raw_datasets(data_args: DataArguments, cache_dir: str | None) -> datase
     files = {"train": data_args.train_file, "validation": data_args.validation_file, "test": data_args.test_file}
     files = {split: path for split, path in files.items() if path is not None}
     if files:
-        extension = next(iter(files.values())).rsplit(".", 1)[-1]
-        builder = "json" if extension in ("json", "jsonl") else extension
-        return datasets.load_dataset(builder, data_files=files, cache_dir=cache_dir)
+        return load_data_files(files, cache_dir)
     return load_bible_pairs()
 
 
@@ -192,22 +186,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = HfArgumentParser((ModelArguments, DataArguments, TranslationTrainingArguments))
     model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
 
-    logging.basicConfig(
-        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
-        datefmt="%m/%d/%Y %H:%M:%S",
-        handlers=[logging.StreamHandler(sys.stdout)],
-    )
-    log_level = training_args.get_process_log_level()
-    logger.setLevel(log_level)
-    datasets.utils.logging.set_verbosity(log_level)
-    transformers.utils.logging.set_verbosity(log_level)
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size > 1 and training_args.parallel_mode != ParallelMode.DISTRIBUTED:
-        raise ValueError(
-            f"launched as {world_size} processes (WORLD_SIZE={world_size}) but transformers set up "
-            f"parallel_mode={training_args.parallel_mode.value!r}, so each process would train alone on all the data: "
-            "on a machine without GPU add --use_cpu (DDP over CPU processes with the gloo backend)"
-        )
+    setup_logging(training_args, logger)
+    check_distributed_launch(training_args)
     if model_args.model_name_or_path is None:
         model_args.model_name_or_path = str(minilm_checkpoint_path())
     logger.info(f"Model: {model_args.model_name_or_path}")

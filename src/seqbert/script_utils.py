@@ -1,0 +1,62 @@
+"""Plumbing the example scripts share: logging set-up, a multi-process launch check, and local data files."""
+
+import logging
+import os
+import sys
+
+import datasets
+import transformers
+from transformers import TrainingArguments
+from transformers.training_args import ParallelMode
+
+
+# File types that `--train_file` / `--validation_file` / `--test_file` accept.
+DATA_FILE_EXTENSIONS = ("csv", "json", "jsonl")
+
+
+def setup_logging(training_args: TrainingArguments, logger: logging.Logger) -> None:
+    """Log to stdout at the process's log level (`--log_level`, quieter on non-main ranks), for the script's
+    `logger`, transformers and datasets, as transformers' example scripts do."""
+    logging.basicConfig(
+        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
+        datefmt="%m/%d/%Y %H:%M:%S",
+        handlers=[logging.StreamHandler(sys.stdout)],
+    )
+    log_level = training_args.get_process_log_level()
+    logger.setLevel(log_level)
+    datasets.utils.logging.set_verbosity(log_level)
+    transformers.utils.logging.set_verbosity(log_level)
+    transformers.utils.logging.enable_default_handler()
+    transformers.utils.logging.enable_explicit_format()
+    logger.warning(
+        f"Process rank: {training_args.process_index}, device: {training_args.device}, n_gpu: {training_args.n_gpu}, "
+        f"distributed training: {training_args.parallel_mode == ParallelMode.DISTRIBUTED}"
+    )
+
+
+def check_distributed_launch(training_args: TrainingArguments) -> None:
+    """
+    Raise `ValueError` when the script was started as several processes (torchrun, accelerate launch) but transformers
+    did not set up distributed training, so that each process would train alone on all the data (with transformers 5
+    on a machine without GPU this happens unless `--use_cpu` is given).
+    """
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size > 1 and training_args.parallel_mode != ParallelMode.DISTRIBUTED:
+        raise ValueError(
+            f"launched as {world_size} processes (WORLD_SIZE={world_size}) but transformers set up "
+            f"parallel_mode={training_args.parallel_mode.value!r}, so each process would train alone on all the data: "
+            "on a machine without GPU add --use_cpu (DDP over CPU processes with the gloo backend)"
+        )
+
+
+def check_data_file(name: str, path: str | None) -> None:
+    """Raise `ValueError` naming the argument unless `path` is None or ends in one of `DATA_FILE_EXTENSIONS`."""
+    if path is not None and path.rsplit(".", 1)[-1] not in DATA_FILE_EXTENSIONS:
+        raise ValueError(f"{name} ({path!r}) must end in one of {['.' + ext for ext in DATA_FILE_EXTENSIONS]}")
+
+
+def load_data_files(files: dict[str, str], cache_dir: str | None = None) -> datasets.DatasetDict:
+    """Splits from local csv / json / jsonl files (`{"train": path, ...}`) with `datasets.load_dataset`."""
+    extension = next(iter(files.values())).rsplit(".", 1)[-1]
+    builder = "json" if extension in ("json", "jsonl") else extension
+    return datasets.load_dataset(builder, data_files=files, cache_dir=cache_dir)
