@@ -248,3 +248,14 @@ def test_pre_ln_sinusoidal_model_learns_to_reverse_sequences_from_scratch():
     src, target = reversal_task(100, torch.Generator().manual_seed(123))  # sequences it has not seen
     generated = model.generate(src, max_new_tokens=8, do_sample=False)
     assert torch.equal(generated[:, 1:8], target)
+
+
+def test_pooled_heads_keep_their_pooler_on_a_seq2seq_config():
+    """Sequence classification on a seq2seq config still pools [CLS]; only the bare encoder drops the pooler."""
+    config = seq2seq_config()
+    src, mask = source_batch()
+    for head in (seqbert.SeqBertForSequenceClassification(config), seqbert.SeqBertForMultipleChoice(config)):
+        assert head.seqbert.pooler is not None
+    logits = seqbert.SeqBertForSequenceClassification(config).eval()(input_ids=src, attention_mask=mask).logits
+    assert logits.shape == (5, 2)
+    assert seqbert.SeqBertModel(config).pooler is None

@@ -802,7 +802,7 @@ class SeqBertForSequenceClassification(SeqBertPreTrainedModel):
     def __init__(self, config: SeqBertConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.seqbert = SeqBertModel(config)
+        self.seqbert = SeqBertModel(config, add_pooling_layer=True)
         self.dropout = _classifier_dropout(config)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
@@ -947,7 +947,7 @@ class SeqBertForMultipleChoice(SeqBertPreTrainedModel):
 
     def __init__(self, config: SeqBertConfig):
         super().__init__(config)
-        self.seqbert = SeqBertModel(config)
+        self.seqbert = SeqBertModel(config, add_pooling_layer=True)
         self.dropout = _classifier_dropout(config)
         self.classifier = nn.Linear(config.hidden_size, 1)
         self.post_init()
