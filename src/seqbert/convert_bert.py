@@ -141,7 +141,7 @@ def _convert(state_dict: dict[str, torch.Tensor], config: SeqBertConfig, role: s
                 converted["lm_head.decoder.weight"] = tensor
             continue  # otherwise tied to the word embeddings
         if key == "cls.predictions.decoder.bias":
-            if "cls.predictions.bias" not in state_dict and "bert.cls.predictions.bias" not in state_dict:
+            if "cls.predictions.bias" not in state_dict:
                 converted["lm_head.decoder.bias"] = tensor
             continue  # BERT stores the decoder bias twice (tied); keep one copy
         converted[_rename(_rename(key, renames), _HEAD_RENAMES)] = tensor

@@ -335,6 +335,14 @@ class SeqBertPostNormLayer(SeqBertLayer):
 SEQBERT_LAYER_CLASSES = {"pre": SeqBertPreNormLayer, "post": SeqBertPostNormLayer}
 
 
+def build_final_layer_norm(config: SeqBertConfig) -> nn.Module:
+    """The norm that ends an encoder or decoder stack. Pre-LN leaves the residual stream un-normalised, so the stack
+    ends with one LayerNorm; post-LN layers already end on a LayerNorm, so nothing is added (`nn.Identity`)."""
+    if config.norm_placement == "pre":
+        return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+    return nn.Identity()
+
+
 class SeqBertEncoder(nn.Module):
     """`num_hidden_layers` layers of the configured norm placement; pre-LN adds a final LayerNorm."""
 
@@ -342,13 +350,7 @@ class SeqBertEncoder(nn.Module):
         super().__init__()
         layer_class = SEQBERT_LAYER_CLASSES[config.norm_placement]
         self.layers = nn.ModuleList([layer_class(config, layer_idx=i) for i in range(config.num_hidden_layers)])
-        # Pre-LN leaves the residual stream un-normalised, so the stack ends with one LayerNorm; post-LN already ends
-        # on a LayerNorm.
-        self.final_layer_norm = (
-            nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-            if config.norm_placement == "pre"
-            else nn.Identity()
-        )
+        self.final_layer_norm = build_final_layer_norm(config)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
         """(B, L, H) and a backend-specific mask from `masking_utils` -> (B, L, H)."""
@@ -647,11 +649,7 @@ class SeqBertDecoder(SeqBertPreTrainedModel):
         self.embeddings = SeqBertEmbeddings(config)
         layer_class = SEQBERT_DECODER_LAYER_CLASSES[config.norm_placement]
         self.layers = nn.ModuleList([layer_class(config, layer_idx=i) for i in range(config.num_decoder_layers)])
-        self.final_layer_norm = (
-            nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-            if config.norm_placement == "pre"
-            else nn.Identity()
-        )
+        self.final_layer_norm = build_final_layer_norm(config)
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
