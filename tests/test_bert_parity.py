@@ -186,10 +186,13 @@ def test_pytorch_bin_and_sharded_checkpoints(bert_checkpoints, sentence_pairs, t
     sharded = tmp_path / "sharded"
     reference.save_pretrained(sharded, max_shard_size="20MB")
     assert (sharded / "model.safetensors.index.json").exists()
+    # Pickled weights are read only on explicit request.
+    with pytest.raises(ValueError, match=r"only pickled PyTorch weights.*use_safetensors=False"):
+        seqbert.SeqBertForSequenceClassification.from_bert_pretrained(bin_folder)
     with torch.no_grad():
         expected = reference(**sentence_pairs).logits
-        for folder in (bin_folder, sharded):
-            model = seqbert.SeqBertForSequenceClassification.from_bert_pretrained(folder).eval()
+        for folder, options in ((bin_folder, {"use_safetensors": False}), (sharded, {})):
+            model = seqbert.SeqBertForSequenceClassification.from_bert_pretrained(folder, **options).eval()
             assert (model(**sentence_pairs).logits - expected).abs().max().item() <= TOLERANCE
 
 

@@ -13,6 +13,20 @@ from transformers import PretrainedConfig
 NORM_PLACEMENTS = ("pre", "post")
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal")
 
+# The `auto_map` that `save_pretrained` writes into config.json, so that `AutoConfig` / `AutoModel*.from_pretrained(
+# folder_or_repo, trust_remote_code=True)` find SeqBERT's classes in the code files saved beside the weights.
+# Encoder heads fit every SeqBERT config (they load the encoder); `AutoModelForSeq2SeqLM` fits seq2seq configs only.
+ENCODER_AUTO_MAP = {
+    "AutoConfig": "configuration_seqbert.SeqBertConfig",
+    "AutoModel": "modeling_seqbert.SeqBertModel",
+    "AutoModelForMaskedLM": "modeling_seqbert.SeqBertForMaskedLM",
+    "AutoModelForSequenceClassification": "modeling_seqbert.SeqBertForSequenceClassification",
+    "AutoModelForTokenClassification": "modeling_seqbert.SeqBertForTokenClassification",
+    "AutoModelForQuestionAnswering": "modeling_seqbert.SeqBertForQuestionAnswering",
+    "AutoModelForMultipleChoice": "modeling_seqbert.SeqBertForMultipleChoice",
+}
+SEQ2SEQ_AUTO_MAP = {"AutoModelForSeq2SeqLM": "modeling_seqbert.SeqBertForConditionalGeneration"}
+
 
 def _check_int(name: str, value, minimum: int) -> None:
     """Raise `TypeError`/`ValueError` unless `value` is an int (not a bool) that is at least `minimum`."""
@@ -152,6 +166,21 @@ class SeqBertConfig(PretrainedConfig):
             **kwargs,
         )
 
+    def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs) -> None:
+        """
+        `PretrainedConfig.save_pretrained`, plus the complete `auto_map` (every Auto class that fits this config,
+        see `ENCODER_AUTO_MAP` / `SEQ2SEQ_AUTO_MAP`) when the config is saved as remote code (always, for SeqBERT:
+        the class is registered for `AutoConfig` below). transformers alone would record only the class being saved,
+        and `AutoModel` on such a folder would then fail with "Unrecognized configuration class".
+        """
+        if self._auto_class is not None:
+            self.auto_map = {**(getattr(self, "auto_map", None) or {}), **self.remote_code_auto_map()}
+        super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
+
+    def remote_code_auto_map(self) -> dict[str, str]:
+        """`{Auto class name: "module.Class"}` for every Auto class that can load a model of this config."""
+        return {**ENCODER_AUTO_MAP, **(SEQ2SEQ_AUTO_MAP if self.is_encoder_decoder else {})}
+
     def _validate_seqbert(self, tie_word_embeddings: bool, **special_token_ids) -> None:
         """Check every SeqBERT field; raise `TypeError`/`ValueError` naming the field, its value and what is allowed."""
         _check_int("vocab_size", self.vocab_size, 1)
@@ -270,5 +299,8 @@ class SeqBertConfig(PretrainedConfig):
         fields.update(kwargs)
         return cls(**fields)
 
+
+# Saving a config (alone or with a model) copies this file into the folder and writes `auto_map`.
+SeqBertConfig.register_for_auto_class("AutoConfig")
 
 __all__ = ["SeqBertConfig"]

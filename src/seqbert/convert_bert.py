@@ -30,6 +30,7 @@ where the encoder's layers are `seqbert.encoder.layers` with {A} = `attention`, 
 """
 
 import json
+import os
 import re
 
 import torch
@@ -40,13 +41,10 @@ from transformers.utils import cached_file
 from .configuration_seqbert import SeqBertConfig
 
 
-# Weight files in the order transformers' own loader prefers them.
-_WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
+# Weight files in the order transformers' own loader prefers them. Pickled `.bin` files are read only on request
+# (`use_safetensors=False`): unpickling a file from an untrusted source can run code.
+_SAFETENSORS_FILES = ("model.safetensors", "model.safetensors.index.json")
+_PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 
 # BERT sizes that encoder and decoder of one SeqBERT model share.
 _SHARED_BERT_FIELDS = (
@@ -199,9 +197,12 @@ def warm_start_state_dict(state_dict: dict[str, torch.Tensor], config: SeqBertCo
     return {**encoder, **decoder}
 
 
-def _resolve_weight_files(name_or_path: str, **hub_kwargs) -> list[str]:
-    """Local paths of the checkpoint's weight files (downloading them for Hub names); raise if there are none."""
-    for filename in _WEIGHT_FILES:
+def _resolve_weight_files(name_or_path: str, use_safetensors: bool | None = None, **hub_kwargs) -> list[str]:
+    """Local paths of the checkpoint's weight files (downloading them for Hub names); raise if there are none.
+
+    safetensors files only, unless `use_safetensors=False` allows pickled `pytorch_model.bin` files as a fallback."""
+    names = _SAFETENSORS_FILES + (_PICKLE_FILES if use_safetensors is False else ())
+    for filename in names:
         resolved = cached_file(
             name_or_path,
             filename,
@@ -216,8 +217,20 @@ def _resolve_weight_files(name_or_path: str, **hub_kwargs) -> list[str]:
         with open(resolved, encoding="utf-8") as f:
             shards = sorted(set(json.load(f)["weight_map"].values()))
         return [cached_file(name_or_path, shard, **hub_kwargs) for shard in shards]
+    folder = os.path.join(name_or_path, hub_kwargs.get("subfolder") or "")
+    if use_safetensors is not False and any(os.path.isfile(os.path.join(folder, name)) for name in _PICKLE_FILES):
+        raise ValueError(
+            f"pretrained_model_name_or_path ({str(name_or_path)!r}) holds only pickled PyTorch weights (pytorch_model.bin), "
+            "which seqbert does not load by default because unpickling can run code: pass use_safetensors=False if "
+            "you trust the file"
+        )
+    allowed = (
+        list(names)
+        if use_safetensors is False
+        else f"{list(names)} (or {list(_PICKLE_FILES)} with use_safetensors=False)"
+    )
     raise ValueError(
-        f"pretrained_model_name_or_path ({name_or_path!r}) has no BERT weights: expected one of {list(_WEIGHT_FILES)}"
+        f"pretrained_model_name_or_path ({str(name_or_path)!r}) has no BERT weights: expected one of {allowed}"
     )
 
 
@@ -262,7 +275,11 @@ def _seq2seq_config_from_encoder_decoder(config, overrides: dict) -> SeqBertConf
 
 
 def load_bert_as_seqbert_state_dict(
-    name_or_path: str, config_overrides: dict | None = None, seq2seq: bool = False, **hub_kwargs
+    name_or_path: str,
+    config_overrides: dict | None = None,
+    seq2seq: bool = False,
+    use_safetensors: bool | None = None,
+    **hub_kwargs,
 ) -> tuple[SeqBertConfig, dict[str, torch.Tensor]]:
     """
     Read a BERT (or, for `seq2seq`, BERT or BERT2BERT) checkpoint's config and weights and return the post-LN
@@ -273,11 +290,14 @@ def load_bert_as_seqbert_state_dict(
         config_overrides: SeqBertConfig fields to override (e.g. `{"num_labels": 2}`).
         seq2seq: build a `SeqBertForConditionalGeneration` state dict: from a BERT checkpoint by warm start
             (encoder and decoder both from BERT), from an `EncoderDecoderModel` by exact conversion.
+        use_safetensors: `False` also accepts pickled `pytorch_model.bin` weights when there are no safetensors
+            (read with `torch.load(weights_only=True)`); by default only safetensors are read.
         **hub_kwargs: `cache_dir`, `revision`, `token`, `local_files_only`, ... passed to the Hub resolution.
 
     Raises:
         ValueError: the checkpoint is neither BERT nor (for `seq2seq`) a BERT2BERT `EncoderDecoderModel`, its
-            encoder and decoder sizes differ, or it has no weights file.
+            encoder and decoder sizes differ, or it has no weights file (or only pickled ones without
+            `use_safetensors=False`).
         OSError: the name or folder cannot be resolved.
     """
     overrides = dict(config_overrides or {})
@@ -298,7 +318,7 @@ def load_bert_as_seqbert_state_dict(
             f"(config.json model_type must be {allowed}); load SeqBERT checkpoints with from_pretrained"
         )
     state_dict: dict[str, torch.Tensor] = {}
-    for path in _resolve_weight_files(name_or_path, **hub_kwargs):
+    for path in _resolve_weight_files(name_or_path, use_safetensors, **hub_kwargs):
         state_dict.update(load_state_dict(path, map_location="cpu"))
     return config, convert(state_dict, config)
 

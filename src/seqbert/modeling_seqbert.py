@@ -11,6 +11,7 @@ V vocab_size, C num_labels.
 """
 
 import math
+import os
 from collections.abc import Callable
 
 import torch
@@ -467,6 +468,28 @@ class SeqBertLMHead(nn.Module):
 
 # Keyword arguments of `from_bert_pretrained` that go to `from_pretrained` (loading) rather than to the config.
 _HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies")
+# Pickled PyTorch weight files, which `from_pretrained` reads only with an explicit `use_safetensors=False`.
+_PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+_PICKLED_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def _refuse_pickled_weights(name_or_path, subfolder: str = "") -> None:
+    """Raise `ValueError` when the local folder or file `name_or_path` has only pickled weights (no safetensors)."""
+    path = os.path.join(str(name_or_path), subfolder)
+    if os.path.isdir(path):
+        if any(f.endswith(".safetensors") or f.endswith(".safetensors.index.json") for f in os.listdir(path)):
+            return
+        pickled = [name for name in _PICKLED_WEIGHTS if os.path.isfile(os.path.join(path, name))]
+    else:
+        pickled = [path] if os.path.isfile(path) and path.endswith(_PICKLED_SUFFIXES) else []
+    if pickled:
+        raise ValueError(
+            f"pretrained_model_name_or_path ({str(name_or_path)!r}) holds only pickled PyTorch weights ({pickled[0]}), "
+            "which seqbert does not load by default because unpickling can run code: pass use_safetensors=False if "
+            "you trust the file, then `save_pretrained` writes safetensors"
+        )
+
+
 _LOADING_KWARGS = ("dtype", "torch_dtype", "device_map", "attn_implementation", "output_loading_info")
 
 
@@ -501,6 +524,38 @@ class SeqBertPreTrainedModel(PreTrainedModel):
             init.copy_(module.table, sinusoidal_position_table(module.table.shape[0], module.dim))
 
     @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, use_safetensors: bool | None = None, **kwargs):
+        """
+        `PreTrainedModel.from_pretrained`, reading safetensors weights only unless told otherwise.
+
+        Pickled `pytorch_model.bin` weights are loaded only with an explicit `use_safetensors=False` (transformers then
+        reads them with `torch.load(weights_only=True)`); `save_pretrained` always writes safetensors.
+
+        Raises:
+            ValueError: `pretrained_model_name_or_path` is a local folder or file with only pickled weights and
+                `use_safetensors` is not `False`.
+            OSError: the repository has no safetensors weights (the message says how to opt in to `.bin`), or
+                anything else `PreTrainedModel.from_pretrained` raises.
+        """
+        if use_safetensors is None and pretrained_model_name_or_path is not None:
+            _refuse_pickled_weights(pretrained_model_name_or_path, kwargs.get("subfolder", ""))
+            try:
+                return super().from_pretrained(
+                    pretrained_model_name_or_path, *model_args, use_safetensors=True, **kwargs
+                )
+            except OSError as error:
+                if "cannot be loaded with `safetensors`" not in str(error):
+                    raise
+                raise OSError(
+                    f"pretrained_model_name_or_path ({str(pretrained_model_name_or_path)!r}) has no safetensors "
+                    "weights; seqbert does not load pickled pytorch_model.bin files by default because unpickling can "
+                    "run code: pass use_safetensors=False if you trust the repository"
+                ) from error
+        return super().from_pretrained(
+            pretrained_model_name_or_path, *model_args, use_safetensors=use_safetensors, **kwargs
+        )
+
+    @classmethod
     def from_bert_pretrained(cls, pretrained_model_name_or_path: str, **kwargs):
         """
         Load a BERT checkpoint (a Hub name such as `"bert-base-uncased"` or a local folder written by
@@ -510,28 +565,32 @@ class SeqBertPreTrainedModel(PreTrainedModel):
         SeqBERT's (fusing query/key/value into one projection) and loads them with `from_pretrained`, which reports
         missing and unexpected keys as usual. Works for BertModel, BertForPreTraining, BertForMaskedLM,
         BertForSequenceClassification, BertForTokenClassification and BertForQuestionAnswering checkpoints, in
-        safetensors or PyTorch `.bin` format, sharded or not. Heads that the checkpoint has (`cls.predictions`,
+        safetensors format, sharded or not (pickled PyTorch `.bin` only with `use_safetensors=False`). Heads that the checkpoint has (`cls.predictions`,
         `classifier`, `qa_outputs`) load into the matching SeqBERT head; the rest is newly initialised and reported.
 
         Args:
             pretrained_model_name_or_path (`str` or `os.PathLike`): Hub model id or local folder of a BERT checkpoint.
             **kwargs: Hub options (`cache_dir`, `revision`, `token`, `local_files_only`, `force_download`,
                 `subfolder`, `proxies`), loading options (`dtype`, `device_map`, `attn_implementation`,
-                `output_loading_info`) and config overrides (e.g. `num_labels=2`, `hidden_dropout_prob=0.0`).
+                `output_loading_info`), `use_safetensors=False` to allow pickled `pytorch_model.bin` weights, and
+                config overrides (e.g. `num_labels=2`, `hidden_dropout_prob=0.0`).
 
         Returns:
             An instance of `cls` (and the loading-info dict when `output_loading_info=True`).
 
         Raises:
-            ValueError: the checkpoint is not a BERT checkpoint, or has no weights file.
+            ValueError: the checkpoint is not a BERT checkpoint, or has no weights file (or only pickled ones and
+                `use_safetensors` is not `False`).
             OSError: the name or folder cannot be resolved.
         """
+        use_safetensors = kwargs.pop("use_safetensors", None)
         hub_kwargs = {k: kwargs.pop(k) for k in _HUB_KWARGS if k in kwargs}
         loading_kwargs = {k: kwargs.pop(k) for k in _LOADING_KWARGS if k in kwargs}
         config, state_dict = load_bert_as_seqbert_state_dict(
             pretrained_model_name_or_path,
             config_overrides=kwargs,
             seq2seq=issubclass(cls, GenerationMixin),
+            use_safetensors=use_safetensors,
             **hub_kwargs,
         )
         loaded = cls.from_pretrained(None, config=config, state_dict=state_dict, **loading_kwargs)
@@ -1137,6 +1196,16 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
             encoder_attentions=encoder_outputs.attentions,
         )
 
+
+# Saving any of these models copies this file (and the files it imports) into the folder and writes the full
+# `auto_map` (see `SeqBertConfig.save_pretrained`), so `trust_remote_code=True` users need no seqbert install.
+SeqBertModel.register_for_auto_class("AutoModel")
+SeqBertForMaskedLM.register_for_auto_class("AutoModelForMaskedLM")
+SeqBertForSequenceClassification.register_for_auto_class("AutoModelForSequenceClassification")
+SeqBertForTokenClassification.register_for_auto_class("AutoModelForTokenClassification")
+SeqBertForQuestionAnswering.register_for_auto_class("AutoModelForQuestionAnswering")
+SeqBertForMultipleChoice.register_for_auto_class("AutoModelForMultipleChoice")
+SeqBertForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
 
 __all__ = [
     "SeqBertPreTrainedModel",
