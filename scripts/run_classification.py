@@ -225,10 +225,9 @@ def card_info(model_args, data_args, training_args, metrics: dict, names: list[s
         "recipe_intro": "`transformers.Trainer` (AdamW, linear decay), dynamic padding with `DataCollatorWithPadding`.",
         "recipe": training_recipe(
             training_args,
-            optimizer_steps=steps,
-            train_samples=metrics.get("train_samples"),
+            metrics,
+            steps,
             max_seq_length=data_args.max_seq_length,
-            train_runtime=f"{metrics['train_runtime']:.0f} s" if "train_runtime" in metrics else None,
         ),
         "command": command_line(),
         "limitations": [

@@ -239,12 +239,11 @@ def card_info(model_args, data_args, training_args, metrics: dict, steps: int) -
         ),
         "recipe": training_recipe(
             training_args,
-            optimizer_steps=steps,
-            train_samples=metrics.get("train_samples"),
+            metrics,
+            steps,
             max_source_length=data_args.max_source_length,
             max_target_length=data_args.max_target_length,
             generation_max_length=training_args.generation_max_length,
-            train_runtime=f"{metrics['train_runtime']:.0f} s" if "train_runtime" in metrics else None,
         ),
         "command": command_line(),
         "limitations": [

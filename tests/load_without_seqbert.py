@@ -64,7 +64,8 @@ def generate(job) -> dict[str, torch.Tensor]:
 
 def resume(job) -> dict[str, torch.Tensor]:
     checkpoint = job["checkpoint"]
-    tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint)
+    # AutoTokenizer reads config.json through AutoConfig, so it too needs trust_remote_code (else it prompts).
+    tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint, trust_remote_code=True)
     model = transformers.AutoModelForSequenceClassification.from_pretrained(checkpoint, trust_remote_code=True)
     _check_remote(model)
     encoded = tokenizer(job["texts"], truncation=True, max_length=64)

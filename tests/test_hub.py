@@ -80,6 +80,9 @@ def _run_without_seqbert(jobs: list[dict], tmp_path: Path) -> dict[str, torch.Te
     command = [sys.executable, str(Path(__file__).parent / "load_without_seqbert.py"), str(jobs_path), str(output_path)]
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    # No trust_remote_code prompt and no fallback to a generic config anywhere on the way.
+    assert "Do you wish to run the custom code" not in result.stdout + result.stderr
+    assert "to instantiate a model of type" not in result.stdout + result.stderr
     return load_file(output_path)
 
 
@@ -212,7 +215,11 @@ def test_classification_card_metadata_and_text_come_from_the_run(classification_
     text = card.text
     assert f"{count:,}" in text and "post-LN" in text and f"{model.config.num_hidden_layers} encoder" in text
     assert "![Training loss](loss_curve.png)" in text and (classification_run / "loss_curve.png").is_file()
-    assert "trust_remote_code=True" in text and 'revision = "<commit sha>"' in text
+    assert 'revision = "<commit sha>"' in text
+    assert "AutoTokenizer.from_pretrained(repo_id, revision=revision, trust_remote_code=True)" in text
+    assert (
+        "AutoModelForSequenceClassification.from_pretrained(repo_id, revision=revision, trust_remote_code=True)" in text
+    )
     assert "run_classification.py --output_dir" in text and "5e-05" in text
     assert "2 cores" in text or "GPU" in text
 

@@ -124,13 +124,15 @@ def hub_base_model(name_or_path: str) -> str | None:
     return name_or_path
 
 
-def training_recipe(training_args, **extra) -> dict[str, str]:
+def training_recipe(training_args, metrics: dict, steps: int, **extra) -> dict[str, str]:
     """
     The settings of a `Trainer` run that a reader needs to reproduce it, as display strings, for the card.
 
     Args:
         training_args (`transformers.TrainingArguments`): the run's arguments (after launch, so `world_size` is known).
-        **extra: more rows (e.g. `train_samples=2000`, `max_seq_length=128`), shown after the Trainer settings.
+        metrics (`dict`): the run's train metrics (`train_samples`, `train_runtime` in seconds), if any.
+        steps (`int`): optimizer steps taken (`trainer.state.global_step`).
+        **extra: more rows (e.g. `max_seq_length=128`), shown last; `None` values are left out.
     """
     args = training_args
     global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
@@ -150,6 +152,12 @@ def training_recipe(training_args, **extra) -> dict[str, str]:
         "precision": precision,
         "gradient checkpointing": str(bool(args.gradient_checkpointing)),
         "seed": str(args.seed),
+    }
+    extra = {
+        "optimizer_steps": steps,
+        "train_samples": metrics.get("train_samples"),
+        "train_runtime": f"{metrics['train_runtime']:.0f} s" if "train_runtime" in metrics else None,
+        **extra,
     }
     recipe.update({name.replace("_", " "): str(value) for name, value in extra.items() if value is not None})
     return recipe
