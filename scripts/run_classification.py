@@ -46,7 +46,6 @@ from transformers import (
     DataCollatorWithPadding,
     EvalPrediction,
     HfArgumentParser,
-    Trainer,
     TrainingArguments,
 )
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
@@ -56,7 +55,8 @@ from seqbert.data import load_rotten_tomatoes, minilm_checkpoint_path
 from seqbert.hub import command_line, hub_base_model, training_recipe, write_model_card
 from seqbert.metrics import ACCURACY_PATH
 from seqbert.plots import save_loss_curve
-from seqbert.script_utils import check_data_file, check_distributed_launch, load_data_files, setup_logging
+from seqbert.script_utils import check_data_file, check_distributed_launch, check_fsdp, load_data_files, setup_logging
+from seqbert.training import SeqBertTrainer
 
 
 @dataclass
@@ -129,6 +129,10 @@ class ClassificationTrainingArguments(TrainingArguments):
         default="no", metadata={"help": "When to save checkpoints: no, steps, epoch or best. The final model is saved."}
     )
     # Same type, in the same order, as in TrainingArguments: HfArgumentParser reads the first non-None member.
+    ddp_find_unused_parameters: bool | None = field(
+        default=False,
+        metadata={"help": "DDP: look for parameters without gradient each step. SeqBERT heads use all of theirs."},
+    )
     report_to: None | str | list[str] = field(
         default="none", metadata={"help": "Integrations to report to (tensorboard, wandb, ...), or none."}
     )
@@ -300,7 +304,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
         return accuracy.compute(predictions=np.argmax(logits, axis=-1), references=prediction.label_ids)
 
-    trainer = Trainer(
+    trainer = SeqBertTrainer(
         model=model,
         args=training_args,
         train_dataset=train_dataset,
@@ -309,6 +313,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         data_collator=DataCollatorWithPadding(tokenizer),
         compute_metrics=compute_metrics,
     )
+    check_fsdp(trainer)
 
     all_metrics = {}
     if training_args.do_train:

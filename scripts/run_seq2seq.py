@@ -44,7 +44,6 @@ from transformers import (
     AutoTokenizer,
     DataCollatorForSeq2Seq,
     HfArgumentParser,
-    Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
 )
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
@@ -53,7 +52,8 @@ import seqbert
 from seqbert.data import load_bible_pairs, minilm_checkpoint_path
 from seqbert.hub import command_line, hub_base_model, training_recipe, write_model_card
 from seqbert.plots import save_loss_curve
-from seqbert.script_utils import check_data_file, check_distributed_launch, load_data_files, setup_logging
+from seqbert.script_utils import check_data_file, check_distributed_launch, check_fsdp, load_data_files, setup_logging
+from seqbert.training import SeqBertSeq2SeqTrainer
 
 
 logger = logging.getLogger(__name__)
@@ -130,6 +130,10 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
     logging_steps: float = field(default=10, metadata={"help": "Log the training loss every N steps."})
     save_strategy: SaveStrategy | str = field(
         default="no", metadata={"help": "When to save checkpoints: no, steps, epoch or best. The final model is saved."}
+    )
+    ddp_find_unused_parameters: bool | None = field(
+        default=False,
+        metadata={"help": "DDP: look for parameters without gradient each step. SeqBERT heads use all of theirs."},
     )
     report_to: None | str | list[str] = field(
         default="none", metadata={"help": "Integrations to report to (tensorboard, wandb, ...), or none."}
@@ -307,7 +311,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 preprocess, batched=True, remove_columns=dataset.column_names, desc=f"Tokenizing {split}"
             )
 
-    trainer = Seq2SeqTrainer(
+    trainer = SeqBertSeq2SeqTrainer(
         model=model,
         args=training_args,
         train_dataset=tokenized.get("train"),
@@ -315,6 +319,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         processing_class=tokenizer,
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
     )
+    check_fsdp(trainer)
 
     metrics: dict[str, float] = {}
     if training_args.do_train:

@@ -49,6 +49,20 @@ def check_distributed_launch(training_args: TrainingArguments) -> None:
         )
 
 
+def check_fsdp(trainer) -> None:
+    """
+    Raise `ValueError` when `--fsdp` was asked for but accelerate did not set up FSDP. accelerate enables FSDP only on
+    accelerators (GPU, XPU, NPU, ...): on CPU processes it silently trains with DDP instead, and a single process has
+    nothing to shard.
+    """
+    if trainer.args.fsdp and not trainer.is_fsdp_enabled:
+        raise ValueError(
+            f"fsdp ({trainer.args.fsdp!r}) was given, but accelerate set up {trainer.accelerator.distributed_type.value} "
+            "instead of FSDP: FSDP needs several accelerator processes (e.g. `accelerate launch --config_file "
+            "scripts/accelerate/fsdp.yaml ...` on GPUs); on CPU use DDP (torchrun ... --use_cpu) without --fsdp"
+        )
+
+
 def check_data_file(name: str, path: str | None) -> None:
     """Raise `ValueError` naming the argument unless `path` is None or ends in one of `DATA_FILE_EXTENSIONS`."""
     if path is not None and path.rsplit(".", 1)[-1] not in DATA_FILE_EXTENSIONS:

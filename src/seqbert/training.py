@@ -1,0 +1,140 @@
+"""Trainer classes of the example scripts: transformers' `Trainer` / `Seq2SeqTrainer` with checkpoints that appear
+whole or not at all, and a masked-LM collator whose masks survive an interruption.
+
+transformers writes `checkpoint-N/` in place: weights, then optimizer and scheduler, RNG states, then
+`trainer_state.json`. A crash in between leaves a `checkpoint-N/` that `get_last_checkpoint` (what
+`--resume_from_checkpoint True` uses) picks as the newest one, and whose optimizer state may be missing, which
+`Trainer` then skips without a word. Here every file of a checkpoint is written into a staging folder first, and only
+a complete checkpoint is renamed to `checkpoint-N` (one `os.replace` of a folder, atomic on POSIX file systems), so
+a crash while saving leaves the previous checkpoints as the newest complete ones.
+
+Masked-LM masks are drawn from the global torch RNG by `DataCollatorForLanguageModeling`, in the data loader, which
+runs ahead of the optimizer (accelerate fetches the next batch early) and, on resume, before the checkpoint's RNG state
+is restored: a resumed run masks different tokens than the uninterrupted one. `DataCollatorForResumableMasking` draws
+each batch's masks from its own generator seeded by (seed, process, batch number); the trainers here keep that batch
+number in step with `global_step`, so an interrupted and resumed run is bit-identical to an uninterrupted one.
+"""
+
+import hashlib
+import os
+import shutil
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DataCollatorForLanguageModeling, Seq2SeqTrainer, Trainer, TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+
+
+# Where checkpoints are assembled before they are renamed into place; `get_last_checkpoint` never picks it.
+STAGING_DIR = ".checkpoint-staging"
+
+
+@dataclass
+class DataCollatorForResumableMasking(DataCollatorForLanguageModeling):
+    """
+    `DataCollatorForLanguageModeling` (BERT's masking, Devlin et al. 2019 §3.1: `mlm_probability` of the non-special
+    tokens are selected; of those `mask_replace_prob` become [MASK], `random_replace_prob` a random token, the rest
+    stay) whose masks for batch number `batch_index` of process `process_index` come from a generator seeded by
+    `(seed, process_index, batch_index)`, not from the global RNG.
+
+    Used with `SeqBertTrainer` / `SeqBertSeq2SeqTrainer`, which set `batch_index` to `global_step x
+    gradient_accumulation_steps` when training (or an epoch) starts, the masks of a batch do not depend on what ran
+    before it, so a resumed run masks exactly what the uninterrupted one did. With `dataloader_num_workers > 0` each
+    worker numbers its batches as PyTorch hands them out (round robin).
+
+    Args:
+        seed (`int`, defaults to 0): base seed of the masks (transformers' `seed` argument, here required).
+        batch_index (`int`, defaults to 0): number of the next batch; set by the trainers.
+        process_index (`int`, defaults to 0): this process's rank; set by the trainers.
+    """
+
+    seed: int | None = 0
+    batch_index: int = 0
+    process_index: int = 0
+    _worker_calls: int = field(default=0, init=False, repr=False)  # batches this worker's copy has collated
+
+    def torch_call(self, examples):
+        worker = torch.utils.data.get_worker_info()
+        if worker is None:
+            index = self.batch_index
+        else:  # worker w of n collates batches w, w + n, w + 2n, ... of those handed out after batch_index
+            index = self.batch_index + worker.id + self._worker_calls * worker.num_workers
+            self._worker_calls += 1
+        key = f"{self.seed}:{self.process_index}:{index}".encode()
+        self.generator = torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(key).digest()[:8], "little") >> 1)
+        self.batch_index += worker is None
+        return super().torch_call(examples)
+
+
+class _MaskingScheduleCallback(TrainerCallback):
+    """Keeps a `DataCollatorForResumableMasking`'s batch number in step with the trainer's `global_step`."""
+
+    def __init__(self, collator: DataCollatorForResumableMasking):
+        self.collator = collator
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._sync(args, state)
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self._sync(args, state)
+
+    def _sync(self, args, state) -> None:
+        self.collator.batch_index = state.global_step * args.gradient_accumulation_steps
+        self.collator.process_index = args.process_index
+        self.collator._worker_calls = 0
+
+
+class AtomicCheckpointsMixin:
+    """Mixin for `transformers.Trainer` subclasses: `checkpoint-N/` is renamed into place only once complete, and a
+    `DataCollatorForResumableMasking` is kept in step with `global_step`."""
+
+    _staging_root: str | None = None
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if isinstance(self.data_collator, DataCollatorForResumableMasking):
+            self.add_callback(_MaskingScheduleCallback(self.data_collator))
+
+    def _get_output_dir(self, trial) -> str:
+        run_dir = super()._get_output_dir(trial)
+        return run_dir if self._staging_root is None else os.path.join(run_dir, STAGING_DIR)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        run_dir = self._get_output_dir(trial)
+        staging_root = os.path.join(run_dir, STAGING_DIR)
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        if self.args.should_save and os.path.isdir(staging_root):
+            shutil.rmtree(staging_root)  # what a crashed save left behind
+        self.accelerator.wait_for_everyone()
+        self._staging_root = staging_root
+        try:
+            super()._save_checkpoint(model, trial)  # every rank writes its files under staging_root/name
+        finally:
+            self._staging_root = None
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            staged, final = os.path.join(staging_root, name), os.path.join(run_dir, name)
+            best = self.state.best_model_checkpoint
+            if best is not None and best.startswith(staging_root):
+                # Trainer recorded the staging path of this very checkpoint as the best one: point at the final one.
+                self.state.best_model_checkpoint = os.path.join(run_dir, os.path.relpath(best, staging_root))
+                self.state.save_to_json(os.path.join(staged, "trainer_state.json"))
+            if os.path.isdir(final):  # saved again at the same step (e.g. after a resume): replace it whole
+                shutil.rmtree(final)
+            os.replace(staged, final)
+            shutil.rmtree(staging_root, ignore_errors=True)
+            rotate_checkpoints(
+                output_dir=run_dir,
+                save_total_limit=self.args.save_total_limit,
+                best_model_checkpoint=self.state.best_model_checkpoint,
+                use_mtime=True,
+            )
+        self.accelerator.wait_for_everyone()
+
+
+class SeqBertTrainer(AtomicCheckpointsMixin, Trainer):
+    """`transformers.Trainer` whose checkpoints appear whole or not at all (see `AtomicCheckpointsMixin`)."""
+
+
+class SeqBertSeq2SeqTrainer(AtomicCheckpointsMixin, Seq2SeqTrainer):
+    """`transformers.Seq2SeqTrainer` whose checkpoints appear whole or not at all (see `AtomicCheckpointsMixin`)."""

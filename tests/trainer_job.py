@@ -1,0 +1,198 @@
+"""Small, exactly repeatable `Trainer` runs of tiny SeqBERT models on real text, for the multi-process and resume tests.
+
+    torchrun --standalone --nproc_per_node N tests/trainer_job.py RUNS.json
+
+RUNS.json is a list of runs, trained one after the other in the same process(es); each is a dict with
+
+- `name`: sub-folder of `output_dir` for this run;
+- `task`: `"classification"` (Rotten Tomatoes snippets, `SeqBertForSequenceClassification`), `"seq2seq"` (King James ->
+  World English verse pairs, `SeqBertForConditionalGeneration`) or `"mlm"` (snippets, `SeqBertForMaskedLM` with 15 %
+  masking);
+- `output_dir`, `global_batch` (split evenly over the processes), `max_steps`;
+- optional: `gradient_checkpointing` (False), `fsdp` (False; True: not `Trainer`, which accelerate never lets shard
+  on CPU, but torch's own FSDP2 `fully_shard` over gloo, one unit per SeqBERT layer, in a plain AdamW loop; with one
+  process the same loop runs unsharded), `dropout` (0.0: processes draw different dropout masks, so equivalence
+  tests switch it off), `save_steps` (no checkpoints), `resume` (False; True resumes from the last checkpoint),
+  `crash_saving_step` (raise while saving the checkpoint of that step, after its weights are written).
+
+Every process writes its final (full, unsharded) weights to `output_dir/name/rank{R}.safetensors`, and to
+`rank{R}.json` how it was wrapped (accelerate's `distributed_type`, the wrapped model's class). The model is built from
+`torch.manual_seed(0)` on a tiny pre-LN or post-LN config whose vocabulary is the real MiniLM WordPiece tokenizer's.
+"""
+
+import json
+import os
+import sys
+
+import torch
+from safetensors.torch import save_file
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+from transformers import (
+    AutoTokenizer,
+    DataCollatorForSeq2Seq,
+    DataCollatorWithPadding,
+    TrainingArguments,
+)
+
+import seqbert
+from seqbert.data import bible_verse_pairs, load_rotten_tomatoes, minilm_checkpoint_path
+from seqbert.training import DataCollatorForResumableMasking, SeqBertTrainer
+
+
+NUM_EXAMPLES = 64
+# The units FSDP shards one by one: SeqBERT's layers and embeddings (its `_no_split_modules`).
+FSDP_UNITS = seqbert.SeqBertPreTrainedModel._no_split_modules
+
+
+class SavingCrash(RuntimeError):
+    """Raised by `crash_saving_step` runs in the middle of writing a checkpoint."""
+
+
+def build(run: dict, tokenizer):
+    """The model and the tokenized training examples of `run`."""
+    config = seqbert.SeqBertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        hidden_dropout_prob=run.get("dropout", 0.0),
+        attention_probs_dropout_prob=run.get("dropout", 0.0),
+        norm_placement=run.get("norm_placement", "pre"),
+        pad_token_id=tokenizer.pad_token_id,
+        num_labels=2,
+        is_encoder_decoder=run["task"] == "seq2seq",
+        decoder_start_token_id=tokenizer.cls_token_id if run["task"] == "seq2seq" else None,
+        eos_token_id=tokenizer.sep_token_id if run["task"] == "seq2seq" else None,
+    )
+    torch.manual_seed(0)
+    if run["task"] == "seq2seq":
+        model = seqbert.SeqBertForConditionalGeneration(config)
+        pairs = bible_verse_pairs()[:NUM_EXAMPLES]
+        sources, targets = [p[1] for p in pairs], [p[2] for p in pairs]
+        encoded = tokenizer(sources, text_target=targets, truncation=True, max_length=32)
+        keys = ("input_ids", "attention_mask", "labels")
+    else:
+        snippets = load_rotten_tomatoes(num_train=NUM_EXAMPLES, num_validation=1)["train"]
+        encoded = tokenizer(list(snippets["text"]), truncation=True, max_length=48)
+        if run["task"] == "classification":
+            model = seqbert.SeqBertForSequenceClassification(config)
+            encoded["labels"] = list(snippets["label"])
+            keys = ("input_ids", "attention_mask", "labels")
+        else:
+            model = seqbert.SeqBertForMaskedLM(config)
+            keys = ("input_ids", "attention_mask", "special_tokens_mask")
+            encoded = tokenizer(list(snippets["text"]), truncation=True, max_length=48, return_special_tokens_mask=True)
+    examples = [dict(zip(keys, values, strict=True)) for values in zip(*(encoded[k] for k in keys), strict=True)]
+    return model, examples
+
+
+def collator(task: str, tokenizer, model):
+    if task == "seq2seq":
+        return DataCollatorForSeq2Seq(tokenizer, model=model)
+    if task == "mlm":
+        return DataCollatorForResumableMasking(tokenizer, mlm_probability=0.15, seed=0)
+    return DataCollatorWithPadding(tokenizer)
+
+
+def save_weights(model, output_dir: str, rank: int, wrapping: dict) -> None:
+    """Write the full (unsharded) weights and how the model was wrapped; a collective under FSDP."""
+    state = {  # FSDP2 holds each parameter as a DTensor shard: gather the full tensor (a collective, on every rank)
+        k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone() for k, v in model.state_dict().items()
+    }
+    save_file(state, os.path.join(output_dir, f"rank{rank}.safetensors"))
+    with open(os.path.join(output_dir, f"rank{rank}.json"), "w", encoding="utf-8") as f:
+        json.dump(wrapping, f)
+
+
+def train_fsdp2(run: dict) -> None:
+    """The classification run sharded with torch's FSDP2 (`fully_shard` on every `FSDP_UNITS` module and the root)."""
+    tokenizer = AutoTokenizer.from_pretrained(minilm_checkpoint_path())
+    model, examples = build(run, tokenizer)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world_size > 1:
+        if not torch.distributed.is_initialized():  # Trainer runs before may have set it up already
+            torch.distributed.init_process_group("gloo")
+        for module in model.modules():
+            if type(module).__name__ in FSDP_UNITS:
+                fully_shard(module)
+        fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    collate = collator(run["task"], tokenizer, model)
+    per_process = run["global_batch"] // world_size
+    model.train()
+    for step in range(run["max_steps"]):
+        batch = examples[step * run["global_batch"] : (step + 1) * run["global_batch"]]
+        model(**collate(batch[rank * per_process : (rank + 1) * per_process])).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    output_dir = os.path.join(run["output_dir"], run["name"])
+    os.makedirs(output_dir, exist_ok=True)
+    wrapping = {"sharded_parameters": sum(isinstance(p, DTensor) for p in model.parameters())}
+    save_weights(model, output_dir, rank, {**wrapping, "wrapped_class": type(model).__name__})
+
+
+def train(run: dict) -> SeqBertTrainer:
+    """Train one run (see the module docstring) and return its trainer; on rank R write `rank{R}.safetensors`."""
+    tokenizer = AutoTokenizer.from_pretrained(minilm_checkpoint_path())
+    model, examples = build(run, tokenizer)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    output_dir = os.path.join(run["output_dir"], run["name"])
+    save_steps = run.get("save_steps")
+    args = TrainingArguments(
+        output_dir=output_dir,
+        per_device_train_batch_size=run["global_batch"] // world_size,
+        max_steps=run["max_steps"],
+        learning_rate=1e-3,
+        warmup_steps=0,
+        activation_checkpointing=run.get("gradient_checkpointing", False),
+        save_strategy="steps" if save_steps else "no",
+        save_steps=save_steps or 500,
+        logging_steps=1,
+        report_to="none",
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+    )
+    trainer = SeqBertTrainer(
+        model=model,
+        args=args,
+        train_dataset=examples,
+        processing_class=tokenizer,
+        data_collator=collator(run["task"], tokenizer, model),
+    )
+    crash_step = run.get("crash_saving_step")
+    if crash_step is not None:
+        save_rng_state = trainer._save_rng_state
+
+        def crashing_save_rng_state(folder):
+            if trainer.state.global_step == crash_step:
+                raise SavingCrash(f"simulated crash while saving step {crash_step} into {folder}")
+            save_rng_state(folder)
+
+        trainer._save_rng_state = crashing_save_rng_state
+    trainer.train(resume_from_checkpoint=True if run.get("resume") else None)
+    wrapping = {
+        "distributed_type": str(trainer.accelerator.distributed_type),
+        "wrapped_class": type(trainer.model_wrapped).__name__,
+    }
+    save_weights(trainer.model, output_dir, trainer.args.process_index, wrapping)
+    return trainer
+
+
+def main(runs_path: str) -> None:
+    with open(runs_path, encoding="utf-8") as f:
+        runs = json.load(f)
+    for run in runs:  # the FSDP runs last, in the process group the Trainer runs set up
+        if not run.get("fsdp"):
+            train(run)
+    for run in runs:
+        if run.get("fsdp"):
+            train_fsdp2(run)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
