@@ -51,13 +51,17 @@ def check_distributed_launch(training_args: TrainingArguments) -> None:
 
 def check_fsdp(trainer) -> None:
     """
-    Raise `ValueError` when `--fsdp` was asked for but accelerate did not set up FSDP. accelerate enables FSDP only on
-    accelerators (GPU, XPU, NPU, ...): on CPU processes it silently trains with DDP instead, and a single process has
-    nothing to shard.
+    Raise `ValueError` when FSDP was asked for (`--fsdp`, or an accelerate FSDP config, which sets
+    `ACCELERATE_USE_FSDP=true`) but accelerate did not set it up. accelerate enables FSDP only on accelerators (GPU,
+    XPU, NPU, ...): on CPU processes it silently trains with DDP instead.
     """
-    if trainer.args.fsdp and not trainer.is_fsdp_enabled:
+    from_config = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    if (trainer.args.fsdp or from_config) and not trainer.is_fsdp_enabled:
+        asked = (
+            f"fsdp ({trainer.args.fsdp!r})" if trainer.args.fsdp else "an accelerate FSDP config (ACCELERATE_USE_FSDP)"
+        )
         raise ValueError(
-            f"fsdp ({trainer.args.fsdp!r}) was given, but accelerate set up {trainer.accelerator.distributed_type.value} "
+            f"{asked} was given, but accelerate set up {trainer.accelerator.distributed_type.value} "
             "instead of FSDP: FSDP needs several accelerator processes (e.g. `accelerate launch --config_file "
             "scripts/accelerate/fsdp.yaml ...` on GPUs); on CPU use DDP (torchrun ... --use_cpu) without --fsdp"
         )
