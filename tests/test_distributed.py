@@ -71,6 +71,9 @@ def _max_delta(a: dict, b: dict) -> float:
 @pytest.mark.parametrize("task, gradient_checkpointing", VARIANTS, ids=[f"{t}-gc{int(g)}" for t, g in VARIANTS])
 def test_two_processes_end_with_the_weights_of_one(one_and_two_processes, task, gradient_checkpointing):
     name = f"{task}-gc{int(gradient_checkpointing)}"
+    for nproc, rank in ((1, 0), (2, 0), (2, 1)):
+        wrapping = json.loads((one_and_two_processes[nproc] / name / f"rank{rank}.json").read_text())
+        assert wrapping["gradient_checkpointing"] is gradient_checkpointing, wrapping
     single = load_file(one_and_two_processes[1] / name / "rank0.safetensors")
     rank0 = load_file(one_and_two_processes[2] / name / "rank0.safetensors")
     rank1 = load_file(one_and_two_processes[2] / name / "rank1.safetensors")
