@@ -116,9 +116,10 @@ def test_gradient_checkpointing_changes_nothing(one_and_two_processes):
 
 @pytest.mark.parametrize("task", ["classification", "mlm"])
 def test_resume_after_a_crash_while_saving_is_bit_identical(task, tmp_path):
-    """6 steps with dropout on and checkpoints every 2 steps; the second run crashes while writing checkpoint-4 (after
-    its weights), is resumed with `resume_from_checkpoint=True`, and must end with exactly the uninterrupted weights."""
-    base = {"task": task, "global_batch": 8, "max_steps": 6, "save_steps": 2, "dropout": 0.1}
+    """6 steps with dropout on, checkpoints every 2 steps and an evaluation every 3; the second run crashes while
+    writing checkpoint-4 (after its weights), is resumed with `resume_from_checkpoint=True`, and must end with exactly
+    the uninterrupted weights."""
+    base = {"task": task, "global_batch": 8, "max_steps": 6, "save_steps": 2, "dropout": 0.1, "eval_steps": 3}
     trainer_job.train({**base, "name": "straight", "output_dir": str(tmp_path)})
     crashed = {**base, "name": "crashed", "output_dir": str(tmp_path)}
     with pytest.raises(trainer_job.SavingCrash):

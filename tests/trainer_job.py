@@ -13,7 +13,8 @@ RUNS.json is a list of runs, trained one after the other in the same process(es)
   on CPU, but torch's own FSDP2 `fully_shard` over gloo, one unit per SeqBERT layer, in a plain AdamW loop; with one
   process the same loop runs unsharded), `dropout` (0.0: processes draw different dropout masks, so equivalence
   tests switch it off), `save_steps` (no checkpoints), `resume` (False; True resumes from the last checkpoint),
-  `crash_saving_step` (raise while saving the checkpoint of that step, after its weights are written).
+  `crash_saving_step` (raise while saving the checkpoint of that step, after its weights are written), `eval_steps`
+  (evaluate on the first 16 examples every that many steps; default never).
 
 Every process writes its final (full, unsharded) weights to `output_dir/name/rank{R}.safetensors`, and to
 `rank{R}.json` how it was wrapped (accelerate's `distributed_type`, the wrapped model's class). The model is built from
@@ -152,6 +153,8 @@ def train(run: dict) -> SeqBertTrainer:
         save_strategy="steps" if save_steps else "no",
         save_steps=save_steps or 500,
         logging_steps=1,
+        eval_strategy="steps" if run.get("eval_steps") else "no",
+        eval_steps=run.get("eval_steps"),
         report_to="none",
         use_cpu=True,
         seed=0,
@@ -161,6 +164,7 @@ def train(run: dict) -> SeqBertTrainer:
         model=model,
         args=args,
         train_dataset=examples,
+        eval_dataset=examples[:16] if run.get("eval_steps") else None,
         processing_class=tokenizer,
         data_collator=collator(run["task"], tokenizer, model),
     )

