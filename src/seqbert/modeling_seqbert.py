@@ -13,6 +13,7 @@ V vocab_size, C num_labels.
 import math
 import os
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -168,6 +169,37 @@ def eager_attention_forward(
     return attn_output.transpose(1, 2).contiguous(), attn_weights  # (B, L_q, N, D)
 
 
+class UnpaddedBatch(NamedTuple):
+    """
+    Where the real tokens of a padded (B, L) batch sit, for the unpadded encoder: hidden states travel as (1, T, H)
+    over the T real tokens only (embeddings, projections, feed-forward and LayerNorms never see padding), and only
+    attention restores the (B, L) layout, through `pad` / `unpad`.
+
+    Attributes:
+        indices (`torch.LongTensor` of shape `(T,)`): flat positions `b * L + l` of the real tokens, in order.
+        batch_size, seq_len (`int`): B and L of the padded batch.
+    """
+
+    indices: torch.Tensor
+    batch_size: int
+    seq_len: int
+
+    @classmethod
+    def from_mask(cls, attention_mask: torch.Tensor) -> "UnpaddedBatch":
+        """From a (B, L) mask, 1 (or True) for real tokens."""
+        batch_size, seq_len = attention_mask.shape
+        return cls(attention_mask.reshape(-1).nonzero().squeeze(1), batch_size, seq_len)
+
+    def unpad(self, padded: torch.Tensor) -> torch.Tensor:
+        """(B, L, ...) -> (1, T, ...): the real tokens' rows."""
+        return padded.reshape(self.batch_size * self.seq_len, *padded.shape[2:])[self.indices].unsqueeze(0)
+
+    def pad(self, unpadded: torch.Tensor) -> torch.Tensor:
+        """(1, T, ...) -> (B, L, ...), zeros at padding."""
+        rows = unpadded.new_zeros(self.batch_size * self.seq_len, *unpadded.shape[2:])
+        return rows.index_copy(0, self.indices, unpadded[0]).view(self.batch_size, self.seq_len, *unpadded.shape[2:])
+
+
 class SeqBertAttention(nn.Module):
     """
     What self- and cross-attention share: head sizes, the output projection, and the dispatch of scaled dot-product
@@ -188,9 +220,16 @@ class SeqBertAttention(nn.Module):
         self.out_proj = nn.Linear(config.hidden_size, config.hidden_size)
 
     def _attend(
-        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        unpadded: UnpaddedBatch | None = None,
+        **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(B, N, L, D) queries and (B, N, S, D) keys/values -> `(output (B, L, H), weights (B, N, L, S) or None)`."""
+        """(B, N, L, D) queries and (B, N, S, D) keys/values -> `(output (B, L, H), weights (B, N, L, S) or None)`;
+        with `unpadded`, the output is (1, T, H) over the real tokens (the projection skips padding)."""
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
@@ -205,6 +244,8 @@ class SeqBertAttention(nn.Module):
             **kwargs,
         )  # (B, L, N, D)
         attn_output = attn_output.reshape(*attn_output.shape[:2], -1)  # (B, L, H)
+        if unpadded is not None:
+            attn_output = unpadded.unpad(attn_output)  # (1, T, H)
         return self.out_proj(attn_output), attn_weights
 
 
@@ -223,12 +264,18 @@ class SeqBertSelfAttention(SeqBertAttention):
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
+        unpadded: UnpaddedBatch | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B, L, H) -> `(output (B, L, H), attention weights (B, N, L, L_total) or None)`. With `past_key_values`
-        (decoder, generation), this step's keys/values are appended to the self-attention cache first."""
-        input_shape = hidden_states.shape[:-1]  # (B, L)
-        qkv = self.qkv_proj(hidden_states).view(*input_shape, 3, self.num_heads, self.head_dim)  # (B, L, 3, N, D)
+        (decoder, generation), this step's keys/values are appended to the self-attention cache first. With
+        `unpadded` (encoder fast path), input and output are (1, T, H) over the real tokens: the fused projection
+        runs on those only, and the queries/keys/values are laid out as (B, L) just for the attention itself."""
+        qkv = self.qkv_proj(hidden_states)  # (B, L, 3H), or (1, T, 3H) unpadded
+        if unpadded is not None:
+            qkv = unpadded.pad(qkv)  # (B, L, 3H), zeros at padding (masked out as keys, dropped as queries)
+        input_shape = qkv.shape[:-1]  # (B, L)
+        qkv = qkv.view(*input_shape, 3, self.num_heads, self.head_dim)  # (B, L, 3, N, D)
         query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, N, L, D)
         if past_key_values is not None:
             cache = (
@@ -237,7 +284,7 @@ class SeqBertSelfAttention(SeqBertAttention):
                 else past_key_values
             )
             key, value = cache.update(key, value, self.layer_idx)  # 2 x (B, N, L_past + L, D)
-        return self._attend(query, key, value, attention_mask, **kwargs)
+        return self._attend(query, key, value, attention_mask, unpadded=unpadded, **kwargs)
 
 
 class SeqBertCrossAttention(SeqBertAttention):
@@ -643,6 +690,19 @@ class SeqBertModel(SeqBertPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embeddings.word_embeddings = value
 
+    def _unpadded_batch(self, attention_mask: torch.Tensor | None, kwargs: dict) -> UnpaddedBatch | None:
+        """The real tokens' positions when the unpadded fast path applies: sdpa attention, a (B, L) mask with some
+        padding, and no per-layer outputs requested (those are recorded in the padded layout). Else None: the
+        padded path, which `attn_implementation="eager"` always takes as the readable reference."""
+        if attention_mask is None or attention_mask.dim() != 2 or self.config._attn_implementation != "sdpa":
+            return None
+        for name in ("output_hidden_states", "output_attentions"):
+            if kwargs.get(name, getattr(self.config, name, False)):
+                return None
+        if bool(attention_mask.all()):
+            return None
+        return UnpaddedBatch.from_mask(attention_mask)
+
     @capture_outputs
     def forward(
         self,
@@ -664,7 +724,8 @@ class SeqBertModel(SeqBertPreTrainedModel):
             output_hidden_states, output_attentions, return_dict: as in every transformers model.
 
         Returns:
-            `BaseModelOutputWithPooling`: `last_hidden_state` (B, L, H) float, `pooler_output` (B, H) or None,
+            `BaseModelOutputWithPooling`: `last_hidden_state` (B, L, H) float (zeros at padding positions when the
+            unpadded sdpa path ran; the eager reference computes them as BERT does), `pooler_output` (B, H) or None,
             `hidden_states` (num_hidden_layers + 1 tensors of (B, L, H)) and `attentions` (num_hidden_layers tensors
             of (B, N, L, L); eager attention only) on request.
 
@@ -673,14 +734,36 @@ class SeqBertModel(SeqBertPreTrainedModel):
         """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Specify exactly one of input_ids or inputs_embeds")
-        embedding_output = self.embeddings(
-            input_ids=input_ids, token_type_ids=token_type_ids, position_ids=position_ids, inputs_embeds=inputs_embeds
-        )  # (B, L, H)
-        # One mask per forward, in the format the configured attention backend wants (None when nothing is masked).
-        attention_mask = create_bidirectional_mask(
-            config=self.config, inputs_embeds=embedding_output, attention_mask=attention_mask
-        )
-        sequence_output = self.encoder(embedding_output, attention_mask, **kwargs)  # (B, L, H)
+        unpadded = self._unpadded_batch(attention_mask, kwargs)
+        if unpadded is None:
+            embedding_output = self.embeddings(
+                input_ids=input_ids,
+                token_type_ids=token_type_ids,
+                position_ids=position_ids,
+                inputs_embeds=inputs_embeds,
+            )  # (B, L, H)
+            # One mask per forward, in the format the attention backend wants (None when nothing is masked).
+            attention_mask = create_bidirectional_mask(
+                config=self.config, inputs_embeds=embedding_output, attention_mask=attention_mask
+            )
+            sequence_output = self.encoder(embedding_output, attention_mask, **kwargs)  # (B, L, H)
+        else:
+            # Fast path: only the T real tokens go through embeddings, projections, feed-forward and LayerNorms.
+            batch_size, seq_len = unpadded.batch_size, unpadded.seq_len
+            if position_ids is None:
+                position_ids = torch.arange(seq_len, device=attention_mask.device).expand(batch_size, seq_len)
+            embedding_output = self.embeddings(
+                input_ids=None if input_ids is None else unpadded.unpad(input_ids),
+                token_type_ids=None if token_type_ids is None else unpadded.unpad(token_type_ids),
+                position_ids=unpadded.unpad(position_ids.expand(batch_size, seq_len)),
+                inputs_embeds=None if inputs_embeds is None else unpadded.unpad(inputs_embeds),
+            )  # (1, T, H)
+            attention_mask = create_bidirectional_mask(
+                config=self.config,
+                inputs_embeds=embedding_output.new_zeros(()).expand(batch_size, seq_len, embedding_output.shape[-1]),
+                attention_mask=attention_mask,
+            )
+            sequence_output = unpadded.pad(self.encoder(embedding_output, attention_mask, unpadded=unpadded, **kwargs))
         pooled_output = self.pooler(sequence_output) if self.pooler is not None else None  # (B, H)
         return BaseModelOutputWithPooling(last_hidden_state=sequence_output, pooler_output=pooled_output)
 
