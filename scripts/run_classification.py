@@ -128,11 +128,11 @@ class ClassificationTrainingArguments(TrainingArguments):
     save_strategy: SaveStrategy | str = field(
         default="no", metadata={"help": "When to save checkpoints: no, steps, epoch or best. The final model is saved."}
     )
-    # Same type, in the same order, as in TrainingArguments: HfArgumentParser reads the first non-None member.
     ddp_find_unused_parameters: bool | None = field(
         default=False,
         metadata={"help": "DDP: look for parameters without gradient each step. SeqBERT heads use all of theirs."},
     )
+    # Same type, in the same order, as in TrainingArguments: HfArgumentParser reads the first non-None member.
     report_to: None | str | list[str] = field(
         default="none", metadata={"help": "Integrations to report to (tensorboard, wandb, ...), or none."}
     )
