@@ -62,7 +62,7 @@ from transformers import (
     PreTrainedTokenizerBase,
     TrainingArguments,
 )
-from transformers.trainer_utils import IntervalStrategy, SaveStrategy
+from transformers.trainer_utils import IntervalStrategy
 
 import seqbert
 from seqbert.configuration_seqbert import NORM_PLACEMENTS
@@ -70,7 +70,14 @@ from seqbert.data import group_texts, load_bible_text, minilm_checkpoint_path, t
 from seqbert.hub import command_line, hub_base_model, training_recipe, write_model_card
 from seqbert.metrics import ACCURACY_PATH
 from seqbert.plots import save_loss_curve
-from seqbert.script_utils import check_data_file, check_distributed_launch, check_fsdp, load_data_files, setup_logging
+from seqbert.script_utils import (
+    ScriptTrainingDefaults,
+    check_data_file,
+    check_distributed_launch,
+    check_fsdp,
+    load_data_files,
+    setup_logging,
+)
 from seqbert.training import DataCollatorForResumableMasking, SeqBertTrainer
 
 
@@ -196,7 +203,7 @@ class DataArguments:
 
 
 @dataclass
-class MLMTrainingArguments(TrainingArguments):
+class MLMTrainingArguments(ScriptTrainingDefaults, TrainingArguments):
     """`TrainingArguments` with this script's recipe as defaults; every field can still be set on the command line."""
 
     do_train: bool = field(default=True, metadata={"help": "Train (default). `--do_train False` to skip."})
@@ -212,18 +219,6 @@ class MLMTrainingArguments(TrainingArguments):
     )
     eval_steps: float | None = field(
         default=250, metadata={"help": "Evaluate every N steps and after the last (eval_strategy steps)."}
-    )
-    logging_steps: float = field(default=10, metadata={"help": "Log the training loss every N steps."})
-    save_strategy: SaveStrategy | str = field(
-        default="no", metadata={"help": "When to save checkpoints: no, steps, epoch or best. The final model is saved."}
-    )
-    ddp_find_unused_parameters: bool | None = field(
-        default=False,
-        metadata={"help": "DDP: look for parameters without gradient each step. SeqBERT heads use all of theirs."},
-    )
-    # Same type, in the same order, as in TrainingArguments: HfArgumentParser reads the first non-None member.
-    report_to: None | str | list[str] = field(
-        default="none", metadata={"help": "Integrations to report to (tensorboard, wandb, ...), or none."}
     )
 
 

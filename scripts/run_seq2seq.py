@@ -46,13 +46,20 @@ from transformers import (
     HfArgumentParser,
     Seq2SeqTrainingArguments,
 )
-from transformers.trainer_utils import IntervalStrategy, SaveStrategy
+from transformers.trainer_utils import IntervalStrategy
 
 import seqbert
 from seqbert.data import load_bible_pairs, minilm_checkpoint_path
 from seqbert.hub import command_line, hub_base_model, training_recipe, write_model_card
 from seqbert.plots import save_loss_curve
-from seqbert.script_utils import check_data_file, check_distributed_launch, check_fsdp, load_data_files, setup_logging
+from seqbert.script_utils import (
+    ScriptTrainingDefaults,
+    check_data_file,
+    check_distributed_launch,
+    check_fsdp,
+    load_data_files,
+    setup_logging,
+)
 from seqbert.training import SeqBertSeq2SeqTrainer
 
 
@@ -111,7 +118,7 @@ class DataArguments:
 
 
 @dataclass
-class TranslationTrainingArguments(Seq2SeqTrainingArguments):
+class TranslationTrainingArguments(ScriptTrainingDefaults, Seq2SeqTrainingArguments):
     """`Seq2SeqTrainingArguments` with this script's recipe as defaults; every field can be set on the command line."""
 
     do_train: bool = field(default=True, metadata={"help": "Train (default). `--do_train False` to skip."})
@@ -126,17 +133,6 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
     generation_num_beams: int | None = field(default=1, metadata={"help": "Beams for generation (1: greedy)."})
     eval_strategy: IntervalStrategy | str = field(
         default="no", metadata={"help": "When to evaluate: no, steps, epoch."}
-    )
-    logging_steps: float = field(default=10, metadata={"help": "Log the training loss every N steps."})
-    save_strategy: SaveStrategy | str = field(
-        default="no", metadata={"help": "When to save checkpoints: no, steps, epoch or best. The final model is saved."}
-    )
-    ddp_find_unused_parameters: bool | None = field(
-        default=False,
-        metadata={"help": "DDP: look for parameters without gradient each step. SeqBERT heads use all of theirs."},
-    )
-    report_to: None | str | list[str] = field(
-        default="none", metadata={"help": "Integrations to report to (tensorboard, wandb, ...), or none."}
     )
 
 

@@ -3,11 +3,35 @@
 import logging
 import os
 import sys
+from dataclasses import dataclass, field
 
 import datasets
 import transformers
 from transformers import TrainingArguments
+from transformers.trainer_utils import SaveStrategy
 from transformers.training_args import ParallelMode
+
+
+@dataclass
+class ScriptTrainingDefaults:
+    """
+    `TrainingArguments` defaults that every example script shares. Mix it in before the transformers class
+    (`class MyArguments(ScriptTrainingDefaults, TrainingArguments)`): dataclass inheritance keeps each field where
+    `TrainingArguments` puts it and only changes its default, and every field can still be set on the command line.
+    """
+
+    logging_steps: float = field(default=10, metadata={"help": "Log the training loss every N steps."})
+    save_strategy: SaveStrategy | str = field(
+        default="no", metadata={"help": "When to save checkpoints: no, steps, epoch or best. The final model is saved."}
+    )
+    ddp_find_unused_parameters: bool | None = field(
+        default=False,
+        metadata={"help": "DDP: look for parameters without gradient each step. SeqBERT heads use all of theirs."},
+    )
+    # Same type, in the same order, as in TrainingArguments: HfArgumentParser reads the first non-None member.
+    report_to: None | str | list[str] = field(
+        default="none", metadata={"help": "Integrations to report to (tensorboard, wandb, ...), or none."}
+    )
 
 
 # File types that `--train_file` / `--validation_file` / `--test_file` accept.
