@@ -51,6 +51,19 @@ def _check_positive_float(name: str, value) -> None:
         raise ValueError(f"{name} ({value}) must be > 0")
 
 
+_SPECIAL_TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
+PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
+
+
+def _check_labels(fields: dict) -> None:
+    """Check `num_labels` (an int >= 1) and `problem_type` (None or one of `PROBLEM_TYPES`) where `fields` has them."""
+    if fields.get("num_labels") is not None:
+        _check_int("num_labels", fields["num_labels"], 1)
+    problem_type = fields.get("problem_type")
+    if problem_type is not None and problem_type not in PROBLEM_TYPES:
+        raise ValueError(f"problem_type ({problem_type!r}) must be None or one of {PROBLEM_TYPES}")
+
+
 class SeqBertConfig(PretrainedConfig):
     r"""
     Configuration of a SeqBERT model: a BERT-style Transformer encoder (and, for
@@ -92,6 +105,9 @@ class SeqBertConfig(PretrainedConfig):
             word embedding matrix (and so does the tied LM head). Requires `tie_word_embeddings`. BERT2BERT
             checkpoints keep two matrices (`False`).
         use_cache (`bool`, defaults to `True`): seq2seq only: return the decoder's key/value cache for generation.
+        num_labels (`int`, defaults to 2), problem_type (`str`, *optional*): as in `PretrainedConfig`; `num_labels`
+            must be >= 1 and `problem_type` one of `PROBLEM_TYPES` (`SeqBertForQuestionAnswering` needs
+            `num_labels == 2`: start and end).
 
     Raises:
         TypeError: a field has the wrong type.
@@ -151,11 +167,13 @@ class SeqBertConfig(PretrainedConfig):
         # Validate before PretrainedConfig.__init__, whose own checks would fail with less helpful messages.
         self._validate_seqbert(
             tie_word_embeddings=tie_word_embeddings,
+            is_encoder_decoder=is_encoder_decoder,
             pad_token_id=pad_token_id,
             bos_token_id=bos_token_id,
             eos_token_id=eos_token_id,
             decoder_start_token_id=decoder_start_token_id,
         )
+        _check_labels(kwargs)
         super().__init__(
             pad_token_id=pad_token_id,
             bos_token_id=bos_token_id,
@@ -181,7 +199,28 @@ class SeqBertConfig(PretrainedConfig):
         """`{Auto class name: "module.Class"}` for every Auto class that can load a model of this config."""
         return {**ENCODER_AUTO_MAP, **(SEQ2SEQ_AUTO_MAP if self.is_encoder_decoder else {})}
 
-    def _validate_seqbert(self, tie_word_embeddings: bool, **special_token_ids) -> None:
+    def validate(self) -> None:
+        """
+        Check every field again: `PretrainedConfig`'s own checks, then SeqBERT's (as at construction). Runs in
+        `save_pretrained` and when a model is built, so fields changed after construction (`config.hidden_size = 100`,
+        `from_pretrained(..., num_attention_heads=5)`) are caught before they shape a model or a saved file.
+
+        Raises:
+            TypeError: a field has the wrong type.
+            ValueError: a field has a value outside what is allowed; the message names the field and the value.
+        """
+        super().validate()
+        self.validate_seqbert_fields()
+
+    def validate_seqbert_fields(self) -> None:
+        """SeqBERT's part of `validate` (without `PretrainedConfig`'s checks): what every SeqBERT model runs on its
+        config when it is built. Raises as `validate`."""
+        self._validate_seqbert(
+            **{name: getattr(self, name) for name in ("tie_word_embeddings", "is_encoder_decoder", *_SPECIAL_TOKEN_IDS)}
+        )
+        _check_labels({"num_labels": self.num_labels, "problem_type": self.problem_type})
+
+    def _validate_seqbert(self, tie_word_embeddings: bool, is_encoder_decoder: bool, **special_token_ids) -> None:
         """Check every SeqBERT field; raise `TypeError`/`ValueError` naming the field, its value and what is allowed."""
         _check_int("vocab_size", self.vocab_size, 1)
         _check_int("hidden_size", self.hidden_size, 1)
@@ -210,9 +249,23 @@ class SeqBertConfig(PretrainedConfig):
             )
         if self.position_embedding_type == "sinusoidal" and self.hidden_size % 2 != 0:
             raise ValueError(f"hidden_size ({self.hidden_size}) must be even with position_embedding_type='sinusoidal'")
-        for name in ("scale_embedding", "share_encoder_decoder_embeddings", "use_cache"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        flags = {
+            name: getattr(self, name) for name in ("scale_embedding", "share_encoder_decoder_embeddings", "use_cache")
+        }
+        flags.update(tie_word_embeddings=tie_word_embeddings, is_encoder_decoder=is_encoder_decoder)
+        for name, value in flags.items():
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool, got {value!r} of type {type(value).__name__}")
+        if is_encoder_decoder and self.num_decoder_layers < 1:
+            raise ValueError(
+                f"num_decoder_layers ({self.num_decoder_layers}) must be >= 1 when is_encoder_decoder is True: the "
+                "decoder reads the encoder only through its layers' cross-attention"
+            )
+        if self.share_encoder_decoder_embeddings and not is_encoder_decoder:
+            raise ValueError(
+                "share_encoder_decoder_embeddings (True) requires is_encoder_decoder (False) to be True: only a "
+                "seq2seq model has a decoder to share the encoder's word embeddings with"
+            )
         if self.share_encoder_decoder_embeddings and not tie_word_embeddings:
             raise ValueError(
                 "share_encoder_decoder_embeddings (True) requires tie_word_embeddings (False) to be True: the shared "

@@ -32,13 +32,18 @@ where the encoder's layers are `seqbert.encoder.layers` with {A} = `attention`, 
 import json
 import os
 import re
+import zipfile
 
 import torch
-from transformers import AutoConfig, AutoTokenizer
+from safetensors import safe_open
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
 from transformers.modeling_utils import load_state_dict
-from transformers.utils import cached_file
+from transformers.utils import cached_file, logging
 
 from .configuration_seqbert import SeqBertConfig
+
+
+logger = logging.get_logger(__name__)
 
 
 # Weight files in the order transformers' own loader prefers them. Pickled `.bin` files are read only on request
@@ -197,10 +202,162 @@ def warm_start_state_dict(state_dict: dict[str, torch.Tensor], config: SeqBertCo
     return {**encoder, **decoder}
 
 
-def _resolve_weight_files(name_or_path: str, use_safetensors: bool | None = None, **hub_kwargs) -> list[str]:
-    """Local paths of the checkpoint's weight files (downloading them for Hub names); raise if there are none.
+# ----------------------------------------------------------------------------------------------------------------------
+# Checkpoint files: clear errors for missing, truncated or corrupt ones
+# ----------------------------------------------------------------------------------------------------------------------
 
-    safetensors files only, unless `use_safetensors=False` allows pickled `pytorch_model.bin` files as a fallback."""
+_REDOWNLOAD = (
+    "re-download it (with force_download=True for a Hub model) or, if you made it, save it again with save_pretrained"
+)
+# Hub options that only locate files: used to inspect a checkpoint that failed to load, without downloading anything.
+_LOCATE_KWARGS = ("cache_dir", "revision", "subfolder")
+
+
+def _corrupt(path, detail: str) -> str:
+    return f"{path} is truncated or corrupt ({detail}): {_REDOWNLOAD}"
+
+
+def safetensors_file_problem(path) -> str | None:
+    """
+    Why the safetensors file at `path` cannot be read, or `None` when it opens. Reads only the header, with
+    `safetensors.safe_open`, which checks that the header is well-formed and describes exactly the bytes the file
+    holds: a truncated file (a download or copy cut short), an empty file or a garbled header fail.
+
+    Returns:
+        `str | None`: a sentence naming the file, what is wrong and what to do (re-download or save again).
+    """
+    try:
+        with safe_open(path, framework="pt"):
+            pass
+    except Exception as error:  # safetensors_rust.SafetensorError, OSError
+        return _corrupt(path, str(error))
+    return None
+
+
+def _pickle_file_problem(path) -> str | None:
+    """What can be seen wrong in a pickled weights file without unpickling it: empty, or a `torch.save` zip archive
+    that is cut short or fails its checksums."""
+    if os.path.getsize(path) == 0:
+        return _corrupt(path, "0 bytes")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"PK\x03\x04":
+        return None  # the legacy (pre-zip) torch.save format: nothing to check without unpickling
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError):
+        return _corrupt(path, "a torch.save zip archive whose end is missing")
+    return _corrupt(path, f"archive member {bad} fails its checksum") if bad is not None else None
+
+
+def weights_file_problem(path) -> str | None:
+    """`safetensors_file_problem` for `.safetensors` files, else what can be checked of a pickled file."""
+    return safetensors_file_problem(path) if str(path).endswith(".safetensors") else _pickle_file_problem(path)
+
+
+def _json_problem(path) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            json.load(f)
+    except ValueError as error:  # json.JSONDecodeError and UnicodeDecodeError
+        return _corrupt(path, f"not valid JSON: {error}")
+    return None
+
+
+def _index_shards(index_path) -> list[str]:
+    """The shard file names a `*.index.json` weight index lists; `OSError` when the index is unreadable."""
+    problem = _json_problem(index_path)
+    if problem is not None:
+        raise OSError(problem)
+    with open(index_path, encoding="utf-8") as f:
+        index = json.load(f)
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise OSError(_corrupt(index_path, "it has no weight_map naming the shard files"))
+    return sorted(set(weight_map.values()))
+
+
+def _missing_shard(index_path, shard: str) -> str:
+    return (
+        f"{index_path} names the weight file {shard}, which is missing from {os.path.dirname(index_path)}: the "
+        f"checkpoint is incomplete; {_REDOWNLOAD}"
+    )
+
+
+def find_checkpoint_problem(
+    name_or_path, use_safetensors: bool | None = None, weights: bool = True, **hub_kwargs
+) -> str | None:
+    """
+    After a failed load, the first file of the checkpoint that explains it: `config.json` that is not valid JSON, a
+    weight index that is not valid JSON or names a shard that is not in the (local) folder, or a truncated or corrupt
+    weights file (see `safetensors_file_problem`).
+
+    Looks only at files already on disk (a local folder, or the Hugging Face cache for a Hub name): never downloads,
+    never raises.
+
+    Args:
+        name_or_path: Hub model id or local folder.
+        use_safetensors: `False` also inspects pickled `pytorch_model.bin` files.
+        weights: also inspect the weight index and weight files (else `config.json` only).
+        **hub_kwargs: `cache_dir`, `revision`, `subfolder` locate the files; other options are ignored.
+
+    Returns:
+        `str | None`: a sentence naming the file, what is wrong and what to do, or `None` if no file explains it.
+    """
+    kwargs = {k: v for k, v in hub_kwargs.items() if k in _LOCATE_KWARGS and v is not None}
+    local_folder = os.path.isdir(os.path.join(str(name_or_path), kwargs.get("subfolder") or ""))
+
+    def local(filename):
+        return cached_file(
+            name_or_path,
+            filename,
+            local_files_only=True,
+            _raise_exceptions_for_missing_entries=False,
+            _raise_exceptions_for_connection_errors=False,
+            **kwargs,
+        )
+
+    try:
+        config = local("config.json")
+        if config is not None and (problem := _json_problem(config)) is not None:
+            return problem
+        if not weights:
+            return None
+        for filename in _SAFETENSORS_FILES + (_PICKLE_FILES if use_safetensors is False else ()):
+            resolved = local(filename)
+            if resolved is None:
+                continue
+            if not filename.endswith(".index.json"):
+                return weights_file_problem(resolved)
+            try:
+                shards = _index_shards(resolved)
+            except OSError as error:
+                return str(error)
+            for shard in shards:
+                shard_path = local(shard)
+                if shard_path is None:
+                    if local_folder:
+                        return _missing_shard(resolved, shard)
+                    continue  # a Hub repository: transformers downloads what the cache lacks
+                if (problem := weights_file_problem(shard_path)) is not None:
+                    return problem
+            return None
+    except Exception:  # a diagnosis only: the caller re-raises its original error
+        return None
+    return None
+
+
+def _resolve_weight_files(name_or_path: str, use_safetensors: bool | None = None, **hub_kwargs) -> list[str]:
+    """Local paths of the checkpoint's weight files (downloading them for Hub names), each checked for truncation.
+
+    safetensors files only, unless `use_safetensors=False` allows pickled `pytorch_model.bin` files as a fallback.
+
+    Raises:
+        ValueError: there are no weight files (or only pickled ones and `use_safetensors` is not `False`).
+        OSError: the weight index is not valid JSON or names a shard that does not exist, or a safetensors file is
+            truncated or corrupt; the message names the file.
+    """
     names = _SAFETENSORS_FILES + (_PICKLE_FILES if use_safetensors is False else ())
     for filename in names:
         resolved = cached_file(
@@ -213,10 +370,18 @@ def _resolve_weight_files(name_or_path: str, use_safetensors: bool | None = None
         if resolved is None:
             continue
         if not filename.endswith(".index.json"):
-            return [resolved]
-        with open(resolved, encoding="utf-8") as f:
-            shards = sorted(set(json.load(f)["weight_map"].values()))
-        return [cached_file(name_or_path, shard, **hub_kwargs) for shard in shards]
+            files = [resolved]
+        else:
+            files = []
+            for shard in _index_shards(resolved):
+                path = cached_file(name_or_path, shard, _raise_exceptions_for_missing_entries=False, **hub_kwargs)
+                if path is None:
+                    raise OSError(_missing_shard(resolved, shard))
+                files.append(path)
+        for path in files:
+            if path.endswith(".safetensors") and (problem := safetensors_file_problem(path)) is not None:
+                raise OSError(problem)
+        return files
     folder = os.path.join(name_or_path, hub_kwargs.get("subfolder") or "")
     if use_safetensors is not False and any(os.path.isfile(os.path.join(folder, name)) for name in _PICKLE_FILES):
         raise ValueError(
@@ -234,15 +399,118 @@ def _resolve_weight_files(name_or_path: str, use_safetensors: bool | None = None
     )
 
 
-def _special_token_defaults(name_or_path: str, **hub_kwargs) -> dict:
-    """BERT2BERT's generation ids from the checkpoint's tokenizer, if it has one: decoding starts at [CLS] and ends
-    at [SEP] (as in the transformers BERT2BERT examples)."""
+def _read_weights(path: str) -> dict[str, torch.Tensor]:
+    """`load_state_dict(path)`, with any failure to read the file turned into an `OSError` that names it."""
+    try:
+        return load_state_dict(path, map_location="cpu")
+    except Exception as error:  # SafetensorError, torch.load's RuntimeError/UnpicklingError/EOFError, ...
+        problem = weights_file_problem(path)
+        raise OSError(problem or _corrupt(path, f"{type(error).__name__}: {error}")) from error
+
+
+def _load_config(name_or_path: str, **hub_kwargs):
+    """`AutoConfig.from_pretrained`, with a `config.json` that is not valid JSON reported as a corrupt file."""
+    try:
+        return AutoConfig.from_pretrained(name_or_path, **hub_kwargs)
+    except OSError as error:
+        problem = find_checkpoint_problem(name_or_path, weights=False, **hub_kwargs)
+        if problem is None:
+            raise
+        raise OSError(problem) from error
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Generation ids of a BERT2BERT warm start
+# ----------------------------------------------------------------------------------------------------------------------
+
+_GENERATION_IDS = {"decoder_start_token_id": "cls_token", "eos_token_id": "sep_token"}
+_PASS_GENERATION_IDS = (
+    "pass decoder_start_token_id= and eos_token_id= (the ids of [CLS] and [SEP] in the checkpoint's vocabulary: 101 "
+    "and 102 for bert-base-uncased)"
+)
+
+
+def _special_token_defaults(name_or_path: str, overrides: dict, **hub_kwargs) -> dict:
+    """
+    BERT2BERT's generation ids, as in the transformers BERT2BERT examples: decoding starts at [CLS] and ends at [SEP].
+    Ids given in `overrides` win; the others are read from the checkpoint's tokenizer.
+
+    A folder without tokenizer files is an error, not a default: transformers' `AutoTokenizer` then builds a
+    `BertTokenizer` with an empty vocabulary (where [CLS] is id 2), which would silently give a model that starts and
+    stops decoding at the wrong tokens.
+
+    Raises:
+        ValueError: an id is not in `overrides` and the checkpoint has no tokenizer (`tokenizer.json` or `vocab.txt`),
+            its tokenizer cannot be loaded, or the tokenizer has no [CLS]/[SEP] token; the message says to pass
+            `decoder_start_token_id=` and `eos_token_id=`.
+    """
+    needed = [name for name in _GENERATION_IDS if overrides.get(name) is None]
+    if not needed:
+        return {}
+    found = [
+        filename
+        for filename in ("tokenizer.json", "vocab.txt")
+        if cached_file(
+            name_or_path,
+            filename,
+            _raise_exceptions_for_missing_entries=False,
+            _raise_exceptions_for_connection_errors=False,
+            **hub_kwargs,
+        )
+    ]
+    where = f"pretrained_model_name_or_path ({str(name_or_path)!r})"
+    if not found:
+        raise ValueError(
+            f"{where} has no tokenizer (tokenizer.json or vocab.txt), so the seq2seq warm start cannot tell which "
+            f"token ids start and end decoding ({', '.join(needed)}): {_PASS_GENERATION_IDS}"
+        )
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, **hub_kwargs)
-    except (OSError, ValueError):
-        return {}
-    ids = {"decoder_start_token_id": tokenizer.cls_token_id, "eos_token_id": tokenizer.sep_token_id}
-    return {k: v for k, v in ids.items() if v is not None}
+    except (OSError, ValueError) as error:
+        raise ValueError(
+            f"the tokenizer of {where} cannot be loaded ({error}), so the seq2seq warm start cannot tell which token "
+            f"ids start and end decoding ({', '.join(needed)}): {_PASS_GENERATION_IDS}"
+        ) from error
+    ids = {}
+    for name in needed:
+        token = getattr(tokenizer, _GENERATION_IDS[name])
+        token_id = None if token is None else tokenizer.convert_tokens_to_ids(token)
+        if token_id is None or (token_id == tokenizer.unk_token_id and token != tokenizer.unk_token):
+            raise ValueError(
+                f"the tokenizer of {where} has no {_GENERATION_IDS[name]} in its vocabulary, so the seq2seq warm "
+                f"start cannot set {name}: {_PASS_GENERATION_IDS}"
+            )
+        ids[name] = token_id
+    return ids
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Reading a BERT checkpoint
+# ----------------------------------------------------------------------------------------------------------------------
+
+# Overrides that keep every parameter shape (so every pretrained tensor loads) but change what the weights compute;
+# the value is BERT's, or None for "the checkpoint's own value".
+_NUMERICS_FIELDS = {
+    "num_attention_heads": None,
+    "hidden_act": None,
+    "layer_norm_eps": None,
+    "norm_placement": "post",
+    "position_embedding_type": "learned",
+    "scale_embedding": False,
+}
+
+
+def _warn_numerics_overrides(bert_config, overrides: dict, name_or_path) -> None:
+    for field, bert_value in _NUMERICS_FIELDS.items():
+        if field not in overrides:
+            continue
+        checkpoint_value = getattr(bert_config, field, None) if bert_value is None else bert_value
+        if overrides[field] != checkpoint_value:
+            logger.warning(
+                f"{field}={overrides[field]!r} differs from the BERT checkpoint {str(name_or_path)!r} "
+                f"({checkpoint_value!r}): the pretrained weights still load, but the model no longer computes what "
+                "the checkpoint was trained to compute"
+            )
 
 
 def _seq2seq_config_from_encoder_decoder(config, overrides: dict) -> SeqBertConfig:
@@ -285,42 +553,249 @@ def load_bert_as_seqbert_state_dict(
     Read a BERT (or, for `seq2seq`, BERT or BERT2BERT) checkpoint's config and weights and return the post-LN
     `SeqBertConfig` and the state dict under SeqBERT names.
 
+    Overrides that keep every shape but change the computation (`num_attention_heads`, `hidden_act`,
+    `layer_norm_eps`, `norm_placement`, `position_embedding_type`, `scale_embedding`) are logged as warnings.
+
     Args:
         name_or_path: Hub model id or local folder with `config.json` and weights.
         config_overrides: SeqBertConfig fields to override (e.g. `{"num_labels": 2}`).
         seq2seq: build a `SeqBertForConditionalGeneration` state dict: from a BERT checkpoint by warm start
-            (encoder and decoder both from BERT), from an `EncoderDecoderModel` by exact conversion.
+            (encoder and decoder both from BERT; `decoder_start_token_id` and `eos_token_id` from the overrides,
+            else the ids of [CLS] and [SEP] in the checkpoint's tokenizer), from an `EncoderDecoderModel` by exact
+            conversion.
         use_safetensors: `False` also accepts pickled `pytorch_model.bin` weights when there are no safetensors
             (read with `torch.load(weights_only=True)`); by default only safetensors are read.
         **hub_kwargs: `cache_dir`, `revision`, `token`, `local_files_only`, ... passed to the Hub resolution.
 
     Raises:
-        ValueError: the checkpoint is neither BERT nor (for `seq2seq`) a BERT2BERT `EncoderDecoderModel`, its
-            encoder and decoder sizes differ, or it has no weights file (or only pickled ones without
-            `use_safetensors=False`).
-        OSError: the name or folder cannot be resolved.
+        ValueError: the checkpoint is neither BERT nor (for `seq2seq`) a BERT2BERT `EncoderDecoderModel` (the
+            message names the model_type found and what is allowed, and points SeqBERT checkpoints to
+            `from_pretrained`), its encoder and decoder sizes differ, it has no weights file (or only pickled ones
+            without `use_safetensors=False`), or a BERT warm start has no tokenizer to read
+            `decoder_start_token_id`/`eos_token_id` from and they are not in `config_overrides`.
+        OSError: the name or folder cannot be resolved, or `config.json`, the weight index or a weights file is
+            truncated, corrupt or missing (the message names the file and says to re-download or save it again).
     """
     overrides = dict(config_overrides or {})
-    source_config = AutoConfig.from_pretrained(name_or_path, **hub_kwargs)
+    source_config = _load_config(name_or_path, **hub_kwargs)
     model_type = source_config.model_type
     if seq2seq and model_type == "encoder-decoder":
+        _warn_numerics_overrides(source_config.encoder, overrides, name_or_path)
         config = _seq2seq_config_from_encoder_decoder(source_config, overrides)
         convert = bert2bert_state_dict_to_seqbert
     elif model_type == "bert":
+        _warn_numerics_overrides(source_config, overrides, name_or_path)
         if seq2seq:
-            overrides = {**_special_token_defaults(name_or_path, **hub_kwargs), "is_encoder_decoder": True, **overrides}
+            overrides = {
+                **_special_token_defaults(name_or_path, overrides, **hub_kwargs),
+                "is_encoder_decoder": True,
+                **overrides,
+            }
         config = SeqBertConfig.from_bert_config(source_config, **overrides)
         convert = warm_start_state_dict if seq2seq else bert_state_dict_to_seqbert
     else:
         allowed = "'bert' or 'encoder-decoder' (BERT2BERT)" if seq2seq else "'bert'"
+        hint = (
+            "it is already a SeqBERT checkpoint: load it with from_pretrained"
+            if model_type == SeqBertConfig.model_type
+            else "load SeqBERT checkpoints with from_pretrained"
+        )
         raise ValueError(
-            f"pretrained_model_name_or_path ({name_or_path!r}) is a {model_type!r} checkpoint, not BERT "
-            f"(config.json model_type must be {allowed}); load SeqBERT checkpoints with from_pretrained"
+            f"pretrained_model_name_or_path ({str(name_or_path)!r}) is a {model_type!r} checkpoint, not BERT "
+            f"(config.json model_type must be {allowed}); {hint}"
         )
     state_dict: dict[str, torch.Tensor] = {}
     for path in _resolve_weight_files(name_or_path, use_safetensors, **hub_kwargs):
-        state_dict.update(load_state_dict(path, map_location="cpu"))
+        state_dict.update(_read_weights(path))
     return config, convert(state_dict, config)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Checking what loaded: shape mismatches and parameters left at their random initialisation
+# ----------------------------------------------------------------------------------------------------------------------
+
+# How many parameter names an error message lists before "(and N more)".
+_LISTED = 5
+# Config fields that set each parameter's shape (first matching pattern wins).
+_SHAPE_FIELDS = (
+    (re.compile(r"word_embeddings\.|^lm_head\.decoder\."), ("vocab_size", "hidden_size")),
+    (re.compile(r"position_embeddings\."), ("max_position_embeddings", "hidden_size")),
+    (re.compile(r"token_type_embeddings\."), ("type_vocab_size", "hidden_size")),
+    (re.compile(r"\.mlp\.(up|down)_proj\."), ("intermediate_size", "hidden_size")),
+    (re.compile(r"^(classifier|qa_outputs)\."), ("num_labels", "hidden_size")),
+    (re.compile(r""), ("hidden_size",)),
+)
+_SHAPE_FIELD_NAMES = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "num_labels",
+)
+# Task heads a checkpoint may lack (newly initialised, as transformers does), and the cross-attention that a BERT2BERT
+# warm start initialises (Rothe et al. 2020), each allowed to be missing only when the checkpoint has none of it.
+_NEW_PARTS = (
+    re.compile(r"^classifier\."),
+    re.compile(r"^qa_outputs\."),
+    re.compile(r"^lm_head\."),
+    re.compile(r"^seqbert\.pooler\."),
+    re.compile(r"^decoder\.layers\.\d+\.cross_attention(_norm)?\."),
+)
+_LAYER_STACKS = (("seqbert.encoder.layers.", "num_hidden_layers"), ("decoder.layers.", "num_decoder_layers"))
+_TOP_LEVEL_PREFIXES = ("seqbert.", "decoder.", "lm_head.", "classifier.", "qa_outputs.")
+
+
+def _listed(names: list[str]) -> str:
+    more = f" (and {len(names) - _LISTED} more)" if len(names) > _LISTED else ""
+    return ", ".join(names[:_LISTED]) + more
+
+
+def _shape_field_values(config) -> dict:
+    """The shape-setting fields of a config object or a `config.json` dict (`None` where absent)."""
+    if config is None:
+        return {}
+    if isinstance(config, dict):
+        values = {field: config.get(field) for field in _SHAPE_FIELD_NAMES}
+        if config.get("id2label"):
+            values["num_labels"] = len(config["id2label"])
+        return values
+    return {field: getattr(config, field, None) for field in _SHAPE_FIELD_NAMES}
+
+
+def checkpoint_config_dict(name_or_path, **hub_kwargs) -> dict | None:
+    """The checkpoint's `config.json` as a dict (from disk or the Hub cache only), or `None` if it cannot be read."""
+    kwargs = {k: v for k, v in hub_kwargs.items() if k in _LOCATE_KWARGS and v is not None}
+    try:
+        config, _ = PretrainedConfig.get_config_dict(name_or_path, local_files_only=True, **kwargs)
+    except Exception:  # only used to word an error message
+        return None
+    return config
+
+
+def mismatched_sizes_error(mismatched_keys, config, checkpoint_config, where: str) -> ValueError:
+    """
+    The `ValueError` for parameters whose checkpoint shape differs from the model's.
+
+    Args:
+        mismatched_keys: `(name, checkpoint shape, model shape)` triples, as in transformers' loading info.
+        config: the model's config.
+        checkpoint_config: the checkpoint's config (object or `config.json` dict), or `None` if unknown; fields whose
+            values differ from `config`'s are named as the likely cause.
+        where: the call, for the message (e.g. `"SeqBertModel.from_pretrained('folder')"`).
+    """
+    rows = sorted((name, tuple(ckpt), tuple(model)) for name, ckpt, model in mismatched_keys)
+    shown = [f"{name}: checkpoint {ckpt} vs model {model}" for name, ckpt, model in rows]
+    fields = dict.fromkeys(
+        field for name, _, _ in rows for field in next(f for p, f in _SHAPE_FIELDS if p.search(name))
+    )
+    model_values, checkpoint_values = _shape_field_values(config), _shape_field_values(checkpoint_config)
+    differing = [
+        field
+        for field in fields
+        if checkpoint_values.get(field) is not None and checkpoint_values[field] != model_values.get(field)
+    ]
+    if differing:
+        cause = ", ".join(
+            f"{field}={model_values[field]!r} (the checkpoint's config has {checkpoint_values[field]!r})"
+            for field in differing
+        )
+    else:
+        cause = "the config fields these shapes come from: " + ", ".join(
+            f"{field}={model_values.get(field)!r}" for field in fields
+        )
+    return ValueError(
+        f"{where}: {len(rows)} parameter(s) of the checkpoint have another shape than in the model built from the "
+        f"config: {'; '.join(shown[:_LISTED])}{f' (and {len(rows) - _LISTED} more)' if len(rows) > _LISTED else ''}. "
+        f"Likely cause: {cause}. Pretrained weights load only into the sizes they were trained with: drop the "
+        "override (or the config=) that changes them, or pass ignore_mismatched_sizes=True to initialise these "
+        "parameters randomly instead (e.g. for a classifier with another number of labels)"
+    )
+
+
+def _missing_causes(missing: list[str], loaded_keys: set[str], config, overrides: dict) -> list[str]:
+    """Likely reasons why these parameters of the model are not in the converted BERT checkpoint."""
+    causes, explained = [], set()
+    depth_overridden = any(field in overrides for _, field in _LAYER_STACKS)
+    for prefix, field in _LAYER_STACKS:
+        have = {int(k[len(prefix) :].split(".")[0]) for k in loaded_keys if k.startswith(prefix)}
+        count = max(have) + 1 if have else 0
+        extra = [k for k in missing if k.startswith(prefix) and int(k[len(prefix) :].split(".")[0]) >= count]
+        if extra and depth_overridden:
+            explained.update(extra)
+            causes.append(
+                f"{field}={getattr(config, field)} but the checkpoint has {count} layers: drop the override or use "
+                f"at most {count}"
+            )
+    final_norms = [k for k in missing if ".final_layer_norm." in k]
+    if final_norms:
+        explained.update(final_norms)
+        causes.append(
+            f"norm_placement={config.norm_placement!r} adds a final LayerNorm that BERT (post-LN) does not have: "
+            "BERT weights need norm_placement='post'"
+        )
+    if any(k not in explained for k in missing):
+        causes.append(f"the checkpoint lacks these tensors, so it is incomplete or corrupt: {_REDOWNLOAD}")
+    return causes
+
+
+def check_bert_loading_info(
+    loading_info: dict,
+    config,
+    loaded_keys,
+    name_or_path,
+    where: str,
+    overrides: dict | None = None,
+    ignore_mismatched_sizes: bool = False,
+    **hub_kwargs,
+) -> None:
+    """
+    Check what `from_pretrained` did with a converted BERT state dict: no parameter outside the task heads may keep
+    its random initialisation.
+
+    Allowed to be missing (newly initialised and reported by transformers, as usual): a task head the checkpoint has
+    none of (`classifier`, `qa_outputs`, `lm_head`; a tied `lm_head.decoder.weight` is the word embedding matrix),
+    the pooler when the checkpoint has no pooler at all (e.g. a BertForMaskedLM checkpoint loaded for sequence
+    classification, as `BertForSequenceClassification` does too), and the decoder's cross-attention when the
+    checkpoint has none (the BERT2BERT warm start of Rothe et al. 2020). Unexpected keys stay transformers' warning:
+    checkpoint layers beyond a smaller `num_hidden_layers` (a deliberate truncation), BertForPreTraining's
+    next-sentence head, a pooler a model does not use.
+
+    Args:
+        loading_info: `from_pretrained(..., output_loading_info=True)`'s dict.
+        config: the model's config.
+        loaded_keys: the converted state dict's keys (what the checkpoint provided, under SeqBERT names).
+        name_or_path: the BERT checkpoint; its config (read again from disk or the Hub cache, only on a shape
+            mismatch) names the fields behind the mismatch.
+        where: the call, for messages.
+        overrides: the config overrides the caller passed (they explain layers beyond the checkpoint's).
+        ignore_mismatched_sizes: accept shape mismatches (transformers re-initialises and reports them).
+        **hub_kwargs: `cache_dir`, `revision`, `subfolder` locate the checkpoint's config.
+
+    Raises:
+        ValueError: parameters have another shape than in the checkpoint (unless `ignore_mismatched_sizes`), or
+            parameters outside the allowed parts are missing; the message lists them (first few and a count) and
+            the likely cause (an override of a size or of `num_hidden_layers`, `norm_placement`, or an incomplete
+            checkpoint).
+    """
+    if loading_info["mismatched_keys"] and not ignore_mismatched_sizes:
+        source = checkpoint_config_dict(name_or_path, **hub_kwargs)
+        if source is not None and source.get("model_type") == "encoder-decoder":
+            source = source.get("encoder")
+        raise mismatched_sizes_error(loading_info["mismatched_keys"], config, source, where)
+    loaded_keys = set(loaded_keys)
+    absent_parts = [part for part in _NEW_PARTS if not any(part.search(k) for k in loaded_keys)]
+    # The converted keys are a head model's; a base SeqBertModel names its parameters without the `seqbert.` prefix.
+    canonical = {
+        key: key if key.startswith(_TOP_LEVEL_PREFIXES) else f"seqbert.{key}" for key in loading_info["missing_keys"]
+    }
+    missing = sorted(k for k, name in canonical.items() if not any(part.search(name) for part in absent_parts))
+    if missing:
+        causes = _missing_causes([canonical[k] for k in missing], loaded_keys, config, overrides or {})
+        raise ValueError(
+            f"{where}: {len(missing)} parameter(s) outside the task heads are not in the checkpoint and would keep "
+            f"their random initialisation: {_listed(missing)}. Likely cause: {'; '.join(causes)}"
+        )
 
 
 # The SeqBERT class that keeps every head a BERT checkpoint has, by the checkpoint's `architectures` entry.

@@ -53,39 +53,47 @@ logger = logging.get_logger(__name__)
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-def sinusoidal_position_table(num_positions: int, dim: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def sinusoidal_position_embedding(position_ids: torch.Tensor, dim: int) -> torch.Tensor:
     """
-    The fixed sinusoidal position table of "Attention Is All You Need" (Vaswani et al. 2017, §3.5):
-    `PE[pos, 2i] = sin(pos / 10000^(2i/dim))`, `PE[pos, 2i+1] = cos(pos / 10000^(2i/dim))`.
+    The fixed sinusoidal position vectors of "Attention Is All You Need" (Vaswani et al. 2017, §3.5):
+    `PE[pos, 2i] = sin(pos / 10000^(2i/dim))`, `PE[pos, 2i+1] = cos(pos / 10000^(2i/dim))`, computed for the
+    positions asked for, so any position (any sequence length) works.
 
     Args:
-        num_positions (`int`): number of positions (rows).
+        position_ids (`torch.Tensor` of any shape `S`): integer positions, >= 0.
         dim (`int`): embedding width; must be even.
-        dtype (`torch.dtype`): dtype of the result; the angles are computed in float32.
+
+    Returns:
+        `torch.Tensor` of shape `(*S, dim)`, float32 (the angles are computed in float32), on `position_ids`' device.
+    """
+    inv_freq = torch.exp(
+        torch.arange(0, dim, 2, dtype=torch.float32, device=position_ids.device) * (-math.log(10000.0) / dim)
+    )  # (dim/2,)
+    angles = position_ids.to(torch.float32).unsqueeze(-1) * inv_freq  # (*S, dim/2)
+    return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # (*S, dim): sin, cos interleaved
+
+
+def sinusoidal_position_table(num_positions: int, dim: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """
+    The first `num_positions` rows of `sinusoidal_position_embedding` as one table.
 
     Returns:
         `torch.Tensor` of shape `(num_positions, dim)` and dtype `dtype`.
     """
-    position = torch.arange(num_positions, dtype=torch.float32).unsqueeze(1)  # (P, 1)
-    inv_freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))  # (dim/2,)
-    angles = position * inv_freq  # (P, dim/2)
-    table = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(1)  # (P, dim): sin, cos interleaved
-    return table.to(dtype)
+    return sinusoidal_position_embedding(torch.arange(num_positions), dim).to(dtype)
 
 
 class SeqBertSinusoidalPositionEmbedding(nn.Module):
-    """Looks up fixed sinusoidal position vectors; the table is a non-persistent buffer, never a parameter."""
+    """Fixed sinusoidal position vectors, computed from the positions on each call: no parameter, no buffer, and
+    no length limit (`max_position_embeddings` does not bind)."""
 
     def __init__(self, config: SeqBertConfig):
         super().__init__()
         self.dim = config.hidden_size
-        self.register_buffer(
-            "table", sinusoidal_position_table(config.max_position_embeddings, self.dim), persistent=False
-        )
 
     def forward(self, position_ids: torch.LongTensor) -> torch.Tensor:
-        """`position_ids` (B or 1, L) int64 -> (B or 1, L, H) in the table's dtype."""
-        return nn.functional.embedding(position_ids, self.table)
+        """`position_ids` (B or 1, L) int64 -> (B or 1, L, H) float32."""
+        return sinusoidal_position_embedding(position_ids, self.dim)
 
 
 class SeqBertEmbeddings(nn.Module):
@@ -509,6 +517,205 @@ class SeqBertLMHead(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# Input checks: a bad argument raises ValueError / TypeError naming it, never an IndexError or a torch RuntimeError
+# ----------------------------------------------------------------------------------------------------------------------
+
+# Label value that takes no loss (`CrossEntropyLoss`'s `ignore_index`, as in BERT and the transformers collators).
+IGNORE_INDEX = -100
+
+
+def _reads_values() -> bool:
+    """Whether checks may read tensor contents (ids within range). Reading them costs one host sync per tensor and
+    would break a `torch.compile` graph, so while compiling or tracing only types and shapes are checked."""
+    return not (torch.compiler.is_compiling() or torch.jit.is_tracing())
+
+
+def check_tensor(name: str, value, kind: str, ndims: tuple[int, ...], meaning: str) -> None:
+    """
+    Raise unless `value` is a tensor of the `kind` ("integer" ids: int64 or int32, which embedding lookups take;
+    "float" values; "any") with one of `ndims` dimensions.
+
+    Raises:
+        TypeError: `value` is not a `torch.Tensor`, or its dtype is not of the `kind`.
+        ValueError: wrong number of dimensions; the message gives the expected layout `meaning`, e.g. "(B, L)".
+    """
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of shape {meaning}, got {type(value).__name__}")
+    if kind == "integer" and value.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name} must hold integer ids (torch.long or torch.int32), got dtype {value.dtype}")
+    if kind == "float" and not value.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {value.dtype}")
+    if value.dim() not in ndims:
+        raise ValueError(f"{name} must have shape {meaning}, got shape {tuple(value.shape)}")
+
+
+def check_shape(name: str, value: torch.Tensor, expected: tuple[int, ...], meaning: str, broadcast: bool = False):
+    """Raise `ValueError` unless `value.shape == expected` (with `broadcast`, a 1 may stand for any size)."""
+    shape = tuple(value.shape)
+    fits = len(shape) == len(expected) and all(
+        got == want or (broadcast and got == 1) for got, want in zip(shape, expected, strict=True)
+    )
+    if not fits:
+        raise ValueError(f"{name} has shape {shape}, but it must be {expected} {meaning}")
+
+
+def check_ids_in_range(
+    name: str, ids: torch.Tensor, high: int | None, high_name: str = "", ignore_index: bool = False
+) -> None:
+    """
+    Raise `ValueError` unless every value of the integer tensor `ids` lies in `[0, high)` (`[0, inf)` when `high` is
+    None), or equals `IGNORE_INDEX` with `ignore_index`. One host sync; skipped while compiling or tracing (see
+    `_reads_values`).
+    """
+    if not _reads_values() or ids.numel() == 0:
+        return
+    limit = torch.iinfo(torch.int64).max if high is None else high
+    low_value, high_value = torch.stack(torch.aminmax(ids)).tolist()
+    if low_value >= 0 and high_value < limit:
+        return
+    valid = (ids >= 0) & (ids < limit)
+    if ignore_index:
+        valid |= ids == IGNORE_INDEX
+    if bool(valid.all()):
+        return
+    bad = (~valid).nonzero()[0]
+    allowed = ">= 0" if high is None else f"[0, {high_name}={high})"
+    allowed += f" or {IGNORE_INDEX} (no loss)" if ignore_index else ""
+    raise ValueError(f"{name} holds {ids[tuple(bad)].item()} at index {tuple(bad.tolist())}; allowed: {allowed}")
+
+
+def _check_encoder_inputs(
+    config: SeqBertConfig,
+    input_ids: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    token_type_ids: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+) -> None:
+    """The checks of `SeqBertModel.forward` (see its Raises section)."""
+    if (input_ids is None) == (inputs_embeds is None):
+        given = "both" if input_ids is not None else "neither"
+        raise ValueError(f"Specify exactly one of input_ids or inputs_embeds; got {given}")
+    if input_ids is not None:
+        check_tensor("input_ids", input_ids, "integer", (2,), "(batch_size, sequence_length)")
+        batch_size, seq_len = input_ids.shape
+        name = "input_ids"
+    else:
+        check_tensor(
+            "inputs_embeds", inputs_embeds, "float", (3,), f"(batch_size, sequence_length, {config.hidden_size})"
+        )
+        batch_size, seq_len, width = inputs_embeds.shape
+        if width != config.hidden_size:
+            raise ValueError(f"inputs_embeds has width {width}, but hidden_size is {config.hidden_size}")
+        name = "inputs_embeds"
+    if batch_size == 0 or seq_len == 0:
+        raise ValueError(f"{name} has shape {tuple((batch_size, seq_len))}: need at least one sequence of one token")
+    learned = config.position_embedding_type == "learned"
+    if learned and position_ids is None and seq_len > config.max_position_embeddings:
+        raise ValueError(
+            f"{name} has sequence length {seq_len}, but the learned position embeddings cover "
+            f"max_position_embeddings={config.max_position_embeddings} positions: truncate the input (tokenizer "
+            f"truncation=True, max_length={config.max_position_embeddings}); sinusoidal positions have no limit"
+        )
+    if attention_mask is not None:
+        check_tensor("attention_mask", attention_mask, "any", (2, 4), "(batch_size, sequence_length)")
+        if attention_mask.dim() == 2:
+            check_shape("attention_mask", attention_mask, (batch_size, seq_len), f"like {name}")
+        else:
+            check_shape(
+                "attention_mask", attention_mask, (batch_size, 1, seq_len, seq_len), "(4D mask)", broadcast=True
+            )
+    if token_type_ids is not None:
+        check_tensor("token_type_ids", token_type_ids, "integer", (2,), "(batch_size, sequence_length)")
+        check_shape("token_type_ids", token_type_ids, (batch_size, seq_len), f"like {name}", broadcast=True)
+        if config.type_vocab_size > 0:
+            check_ids_in_range("token_type_ids", token_type_ids, config.type_vocab_size, "type_vocab_size")
+        elif _reads_values() and bool(token_type_ids.any()):
+            raise ValueError(
+                "token_type_ids holds non-zero segment ids, but the model has no segment embeddings "
+                "(type_vocab_size=0): drop token_type_ids"
+            )
+    if position_ids is not None:
+        check_tensor("position_ids", position_ids, "integer", (2,), "(batch_size, sequence_length)")
+        check_shape("position_ids", position_ids, (batch_size, seq_len), f"like {name}", broadcast=True)
+        if learned:
+            check_ids_in_range("position_ids", position_ids, config.max_position_embeddings, "max_position_embeddings")
+        else:
+            check_ids_in_range("position_ids", position_ids, None)
+    if input_ids is not None:
+        check_ids_in_range("input_ids", input_ids, config.vocab_size, "vocab_size")
+
+
+def _check_decoder_inputs(
+    config: SeqBertConfig,
+    input_ids: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    encoder_hidden_states: torch.Tensor | None,
+    encoder_attention_mask: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+    past_length: int,
+) -> None:
+    """The checks of `SeqBertDecoder.forward`, naming the arguments as `SeqBertForConditionalGeneration.forward`
+    calls them (`decoder_input_ids`, ...)."""
+    if (input_ids is None) == (inputs_embeds is None):
+        given = "both" if input_ids is not None else "neither"
+        raise ValueError(f"Specify exactly one of decoder_input_ids or decoder_inputs_embeds; got {given}")
+    if input_ids is not None:
+        check_tensor("decoder_input_ids", input_ids, "integer", (2,), "(batch_size, target_length)")
+        batch_size, seq_len = input_ids.shape
+        name = "decoder_input_ids"
+    else:
+        check_tensor("decoder_inputs_embeds", inputs_embeds, "float", (3,), "(batch_size, target_length, H)")
+        batch_size, seq_len, width = inputs_embeds.shape
+        if width != config.hidden_size:
+            raise ValueError(f"decoder_inputs_embeds has width {width}, but hidden_size is {config.hidden_size}")
+        name = "decoder_inputs_embeds"
+    if batch_size == 0 or seq_len == 0:
+        raise ValueError(f"{name} has shape {tuple((batch_size, seq_len))}: need at least one sequence of one token")
+    total = past_length + seq_len
+    if config.position_embedding_type == "learned" and total > config.max_position_embeddings:
+        raise ValueError(
+            f"the decoder reached position {total - 1} ({past_length} cached + {seq_len} new tokens), but the learned "
+            f"position embeddings cover max_position_embeddings={config.max_position_embeddings} positions: shorten "
+            "the target (or max_length / max_new_tokens of generate)"
+        )
+    if attention_mask is not None:
+        check_tensor("decoder_attention_mask", attention_mask, "any", (2,), "(batch_size, past + target_length)")
+        check_shape("decoder_attention_mask", attention_mask, (batch_size, total), "(batch_size, past + target_length)")
+    if encoder_hidden_states is None:
+        raise ValueError("the decoder needs encoder_hidden_states (encoder_outputs): it attends to the source")
+    check_tensor("encoder_hidden_states", encoder_hidden_states, "float", (3,), "(batch_size, source_length, H)")
+    source_length = encoder_hidden_states.shape[1]
+    check_shape(
+        "encoder_hidden_states",
+        encoder_hidden_states,
+        (batch_size, source_length, config.hidden_size),
+        f"(the {name} batch size, source_length, hidden_size)",
+    )
+    if encoder_attention_mask is not None:
+        check_tensor("attention_mask", encoder_attention_mask, "any", (2,), "(batch_size, source_length)")
+        check_shape("attention_mask", encoder_attention_mask, (batch_size, source_length), "like the source")
+    if input_ids is not None:
+        check_ids_in_range("decoder_input_ids", input_ids, config.vocab_size, "vocab_size")
+
+
+def check_labels(
+    name: str, labels, logits_shape: tuple[int, ...], num_classes: int, classes_name: str, ignore_index: bool = True
+) -> torch.Tensor:
+    """
+    Raise unless `labels` are integer class ids shaped like `logits_shape` without its class dimension, each in
+    `[0, num_classes)` or `IGNORE_INDEX`. Raises `TypeError` (not a tensor, not integer) or `ValueError`. Returns
+    them as int64, which the cross-entropy takes.
+    """
+    expected = tuple(logits_shape[:-1])
+    meaning = f"(the logits' shape {tuple(logits_shape)} without the class dimension)"
+    check_tensor(name, labels, "integer", (len(expected),), str(expected))
+    check_shape(name, labels, expected, meaning)
+    check_ids_in_range(name, labels, num_classes, classes_name, ignore_index=ignore_index)
+    return labels.long()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # Pretrained model base
 # ----------------------------------------------------------------------------------------------------------------------
 
@@ -537,7 +744,14 @@ def _refuse_pickled_weights(name_or_path, subfolder: str = "") -> None:
         )
 
 
-_LOADING_KWARGS = ("dtype", "torch_dtype", "device_map", "attn_implementation", "output_loading_info")
+_LOADING_KWARGS = (
+    "dtype",
+    "torch_dtype",
+    "device_map",
+    "attn_implementation",
+    "output_loading_info",
+    "ignore_mismatched_sizes",
+)
 
 
 class SeqBertPreTrainedModel(PreTrainedModel):
@@ -559,48 +773,88 @@ class SeqBertPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = True
     _can_record_outputs = {"hidden_states": SeqBertLayer, "attentions": SeqBertSelfAttention}
 
+    def __init__(self, config: SeqBertConfig, *inputs, **kwargs):
+        """
+        Raises:
+            TypeError: `config` is not a `SeqBertConfig`, or one of its fields has the wrong type.
+            ValueError: a field of `config` is out of range (re-checked here: it may have changed since construction).
+        """
+        # By model_type, not isinstance: remote-code loading may import the config class from another module copy.
+        if getattr(config, "model_type", None) != SeqBertConfig.model_type:
+            raise TypeError(f"config must be a SeqBertConfig, got {type(config).__name__}")
+        config.validate_seqbert_fields()
+        super().__init__(config, *inputs, **kwargs)
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         """Normal(0, initializer_range) linear/embedding weights, zero biases, unit LayerNorms (BERT's scheme, via
-        `PreTrainedModel._init_weights`); the sinusoid table is a non-persistent buffer, so it is rebuilt here."""
+        `PreTrainedModel._init_weights`)."""
         super()._init_weights(module)
         if isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
-        elif isinstance(module, SeqBertSinusoidalPositionEmbedding):
-            init.copy_(module.table, sinusoidal_position_table(module.table.shape[0], module.dim))
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, use_safetensors: bool | None = None, **kwargs):
         """
-        `PreTrainedModel.from_pretrained`, reading safetensors weights only unless told otherwise.
+        `PreTrainedModel.from_pretrained`, reading safetensors weights only unless told otherwise, with clear errors
+        where transformers would fail obscurely or load a partly random model.
 
         Pickled `pytorch_model.bin` weights are loaded only with an explicit `use_safetensors=False` (transformers then
         reads them with `torch.load(weights_only=True)`); `save_pretrained` always writes safetensors.
 
+        A checkpoint parameter whose shape differs from the model's (an override such as `hidden_size=64`, or a
+        `config=` that does not fit the checkpoint) is an error naming the parameters, both shapes and the config
+        fields that likely cause it. With `ignore_mismatched_sizes=True` transformers' behaviour applies instead:
+        those parameters are initialised randomly and reported in the loading report.
+
         Raises:
             ValueError: `pretrained_model_name_or_path` is a local folder or file with only pickled weights and
-                `use_safetensors` is not `False`.
-            OSError: the repository has no safetensors weights (the message says how to opt in to `.bin`), or
+                `use_safetensors` is not `False`; or parameters of the checkpoint have another shape than the model's
+                and `ignore_mismatched_sizes` is not `True`.
+            OSError: the repository has no safetensors weights (the message says how to opt in to `.bin`);
+                `config.json`, the weight index or a weights file is truncated or corrupt, or a shard named by the
+                index is missing (the message names the file and says to re-download it or save it again); or
                 anything else `PreTrainedModel.from_pretrained` raises.
         """
-        if use_safetensors is None and pretrained_model_name_or_path is not None:
-            _refuse_pickled_weights(pretrained_model_name_or_path, kwargs.get("subfolder", ""))
-            try:
-                return super().from_pretrained(
-                    pretrained_model_name_or_path, *model_args, use_safetensors=True, **kwargs
-                )
-            except OSError as error:
-                if "cannot be loaded with `safetensors`" not in str(error):
-                    raise
+        from .convert_bert import checkpoint_config_dict, find_checkpoint_problem, mismatched_sizes_error
+
+        path = pretrained_model_name_or_path
+        ignore_mismatched_sizes = kwargs.pop("ignore_mismatched_sizes", False)
+        output_loading_info = kwargs.pop("output_loading_info", False)
+        safetensors_only = use_safetensors is None and path is not None
+        if safetensors_only:
+            _refuse_pickled_weights(path, kwargs.get("subfolder", ""))
+        try:
+            # Mismatched shapes are let through here and checked below, for a message that names the config fields.
+            model, loading_info = super().from_pretrained(
+                path,
+                *model_args,
+                use_safetensors=True if safetensors_only else use_safetensors,
+                ignore_mismatched_sizes=True,
+                output_loading_info=True,
+                **kwargs,
+            )
+        except Exception as error:
+            if safetensors_only and isinstance(error, OSError) and "cannot be loaded with `safetensors`" in str(error):
                 raise OSError(
-                    f"pretrained_model_name_or_path ({str(pretrained_model_name_or_path)!r}) has no safetensors "
-                    "weights; seqbert does not load pickled pytorch_model.bin files by default because unpickling can "
-                    "run code: pass use_safetensors=False if you trust the repository"
+                    f"pretrained_model_name_or_path ({str(path)!r}) has no safetensors weights; seqbert does not load "
+                    "pickled pytorch_model.bin files by default because unpickling can run code: pass "
+                    "use_safetensors=False if you trust the repository"
                 ) from error
-        return super().from_pretrained(
-            pretrained_model_name_or_path, *model_args, use_safetensors=use_safetensors, **kwargs
-        )
+            # A raw safetensors/JSON/torch error from a damaged file: name the file instead.
+            problem = None if path is None else find_checkpoint_problem(path, use_safetensors, **kwargs)
+            if problem is None:
+                raise
+            raise OSError(problem) from error
+        if loading_info["mismatched_keys"] and not ignore_mismatched_sizes:
+            raise mismatched_sizes_error(
+                loading_info["mismatched_keys"],
+                model.config,
+                None if path is None else checkpoint_config_dict(path, **kwargs),
+                f"{cls.__name__}.from_pretrained({str(path)!r})",
+            )
+        return (model, loading_info) if output_loading_info else model
 
     @classmethod
     def from_bert_pretrained(cls, pretrained_model_name_or_path: str, **kwargs):
@@ -615,24 +869,47 @@ class SeqBertPreTrainedModel(PreTrainedModel):
         safetensors format, sharded or not (pickled PyTorch `.bin` only with `use_safetensors=False`). Heads that the checkpoint has (`cls.predictions`,
         `classifier`, `qa_outputs`) load into the matching SeqBERT head; the rest is newly initialised and reported.
 
+        Converting never leaves a parameter outside the task heads at its random initialisation: the loading info is
+        checked, and only these may be missing (newly initialised and reported): a task head the checkpoint has none
+        of (`classifier`, `qa_outputs`, `lm_head`), the pooler when the checkpoint has no pooler at all (e.g.
+        BertForMaskedLM weights for sequence classification, as `BertForSequenceClassification` allows too), and,
+        for `SeqBertForConditionalGeneration` warm-started from a plain BERT, the decoder's cross-attention (as in
+        BERT2BERT, Rothe et al. 2020). Checkpoint tensors the model has no place for (layers beyond a smaller
+        `num_hidden_layers`, BertForPreTraining's next-sentence head) stay transformers' warning: dropping them is a
+        legitimate choice.
+
+        A seq2seq warm start from a plain BERT checkpoint takes `decoder_start_token_id` and `eos_token_id` from the
+        keyword arguments, else the ids of [CLS] and [SEP] in the checkpoint's tokenizer; without either it raises.
+
         Args:
             pretrained_model_name_or_path (`str` or `os.PathLike`): Hub model id or local folder of a BERT checkpoint.
             **kwargs: Hub options (`cache_dir`, `revision`, `token`, `local_files_only`, `force_download`,
                 `subfolder`, `proxies`), loading options (`dtype`, `device_map`, `attn_implementation`,
-                `output_loading_info`), `use_safetensors=False` to allow pickled `pytorch_model.bin` weights, and
-                config overrides (e.g. `num_labels=2`, `hidden_dropout_prob=0.0`).
+                `output_loading_info`, `ignore_mismatched_sizes`), `use_safetensors=False` to allow pickled
+                `pytorch_model.bin` weights, and config overrides (e.g. `num_labels=2`, `hidden_dropout_prob=0.0`).
 
         Returns:
             An instance of `cls` (and the loading-info dict when `output_loading_info=True`).
 
         Raises:
-            ValueError: the checkpoint is not a BERT checkpoint, or has no weights file (or only pickled ones and
-                `use_safetensors` is not `False`).
-            OSError: the name or folder cannot be resolved.
+            ValueError: the checkpoint is not a BERT checkpoint (the message names the model_type found and what is
+                allowed; a SeqBERT checkpoint is pointed to `from_pretrained`), or has no weights file (or only
+                pickled ones and `use_safetensors` is not `False`); a config override changes a parameter shape
+                (`hidden_size`, `intermediate_size`, `vocab_size`, ...) and `ignore_mismatched_sizes` is not `True`;
+                parameters outside the allowed parts above are missing from the checkpoint (e.g. `num_hidden_layers`
+                above the checkpoint's, or an incomplete checkpoint); or a seq2seq warm start has no tokenizer and no
+                `decoder_start_token_id=`/`eos_token_id=`.
+            OSError: the name or folder cannot be resolved, or `config.json`, the weight index or a weights file is
+                truncated, corrupt or missing (the message names the file and says to re-download it or save it
+                again).
         """
+        from .convert_bert import check_bert_loading_info
+
         use_safetensors = kwargs.pop("use_safetensors", None)
         hub_kwargs = {k: kwargs.pop(k) for k in _HUB_KWARGS if k in kwargs}
         loading_kwargs = {k: kwargs.pop(k) for k in _LOADING_KWARGS if k in kwargs}
+        output_loading_info = loading_kwargs.pop("output_loading_info", False)
+        ignore_mismatched_sizes = loading_kwargs.pop("ignore_mismatched_sizes", False)
         config, state_dict = load_bert_as_seqbert_state_dict(
             pretrained_model_name_or_path,
             config_overrides=kwargs,
@@ -640,8 +917,25 @@ class SeqBertPreTrainedModel(PreTrainedModel):
             use_safetensors=use_safetensors,
             **hub_kwargs,
         )
-        loaded = cls.from_pretrained(None, config=config, state_dict=state_dict, **loading_kwargs)
-        model = loaded[0] if isinstance(loaded, tuple) else loaded
+        loaded_keys = set(state_dict)
+        model, loading_info = cls.from_pretrained(
+            None,
+            config=config,
+            state_dict=state_dict,
+            ignore_mismatched_sizes=True,
+            output_loading_info=True,
+            **loading_kwargs,
+        )
+        check_bert_loading_info(
+            loading_info,
+            model.config,
+            loaded_keys,
+            pretrained_model_name_or_path,
+            where=f"{cls.__name__}.from_bert_pretrained({str(pretrained_model_name_or_path)!r})",
+            overrides=kwargs,
+            ignore_mismatched_sizes=ignore_mismatched_sizes,
+            **hub_kwargs,
+        )
         if model.can_generate():
             # Keep the generation settings the checkpoint ships (beam size, length limits, ...), if any.
             try:
@@ -650,7 +944,7 @@ class SeqBertPreTrainedModel(PreTrainedModel):
                 source = None
             if source is not None:
                 model.generation_config.update(**source.to_diff_dict())
-        return loaded
+        return (model, loading_info) if output_loading_info else model
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -730,10 +1024,14 @@ class SeqBertModel(SeqBertPreTrainedModel):
             of (B, N, L, L); eager attention only) on request.
 
         Raises:
-            ValueError: both or neither of `input_ids` and `inputs_embeds` are given.
+            TypeError: an argument is not a tensor, ids are not integers, or `inputs_embeds` is not floating-point.
+            ValueError: both or neither of `input_ids` and `inputs_embeds`; an empty batch or sequence; a sequence
+                longer than `max_position_embeddings` with learned positions; `attention_mask`, `token_type_ids` or
+                `position_ids` shaped unlike the input; ids outside `[0, vocab_size)`, segment ids outside
+                `[0, type_vocab_size)`, negative positions (or beyond `max_position_embeddings` when learned).
+                Value checks are skipped under `torch.compile` and tracing.
         """
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Specify exactly one of input_ids or inputs_embeds")
+        _check_encoder_inputs(self.config, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
         unpadded = self._unpadded_batch(attention_mask, kwargs)
         if unpadded is None:
             embedding_output = self.embeddings(
@@ -824,13 +1122,25 @@ class SeqBertDecoder(SeqBertPreTrainedModel):
 
         Returns:
             `BaseModelOutputWithPastAndCrossAttentions` with `last_hidden_state` (B, L, H) and `past_key_values`.
+
+        Raises:
+            TypeError, ValueError: both or neither of `input_ids` / `inputs_embeds`, no `encoder_hidden_states`, masks
+                or encoder states shaped unlike the inputs, ids outside `[0, vocab_size)`, or (learned positions)
+                more than `max_position_embeddings` positions in all.
         """
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Specify exactly one of decoder_input_ids or decoder_inputs_embeds")
         use_cache = self.config.use_cache if use_cache is None else use_cache
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        _check_decoder_inputs(
+            self.config,
+            input_ids,
+            attention_mask,
+            encoder_hidden_states,
+            encoder_attention_mask,
+            inputs_embeds,
+            past_length,
+        )
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         if inputs_embeds is None:
             inputs_embeds = self.embeddings.word_embeddings(input_ids)  # (B, L, H)
         batch_size, seq_length = inputs_embeds.shape[:2]
@@ -926,6 +1236,8 @@ class SeqBertForMaskedLM(SeqBertPreTrainedModel):
         logits = self.lm_head(outputs.last_hidden_state)  # (B, L, V)
         loss = None
         if labels is not None:
+            labels = check_labels("labels", labels, logits.shape, self.config.vocab_size, "vocab_size")
+            # The loss function computes in float32, so half-precision logits cannot overflow it.
             loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
         return MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
@@ -961,8 +1273,14 @@ class SeqBertForSequenceClassification(SeqBertPreTrainedModel):
         r"""
         Inputs as in `SeqBertModel.forward`, plus `labels`, *optional*: `(B,)` int64 class ids in `[0, num_labels)`
         (single-label), `(B,)` float targets (regression, `num_labels == 1`) or `(B, C)` float multi-hot targets
-        (multi-label). Returns `SequenceClassifierOutput` with `logits` (B, C) and `loss` (scalar: cross-entropy,
-        MSE or BCE-with-logits) when `labels` are given.
+        (multi-label). Returns `SequenceClassifierOutput` with `logits` (B, C) and `loss` (float32 scalar:
+        cross-entropy, MSE or BCE-with-logits) when `labels` are given.
+
+        Raises:
+            TypeError, ValueError: as `SeqBertModel.forward`, and for `labels` that do not fit the problem type: class
+                ids not integer, shaped other than `(B,)`, or outside `[0, num_labels)` (-100 takes no loss);
+                regression targets not `(B,)` (`num_labels == 1`) or `(B, C)`; multi-label targets not `(B, C)` or
+                outside [0, 1]. Integer regression and multi-label targets are converted to float.
         """
         outputs = self.seqbert(
             input_ids,
@@ -976,10 +1294,47 @@ class SeqBertForSequenceClassification(SeqBertPreTrainedModel):
         logits = self.classifier(self.dropout(outputs.pooler_output))  # (B, C)
         loss = None
         if labels is not None:
-            loss = self.loss_function(labels, logits, self.config, **kwargs)
+            labels = self._checked_labels(labels, logits.shape)
+            # In float32: half-precision logits would overflow MSE (or lose precision in the softmax) at large values.
+            loss = self.loss_function(labels, logits.float(), self.config, **kwargs)
         return SequenceClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
+
+    def _checked_labels(self, labels, logits_shape: tuple[int, ...]) -> torch.Tensor:
+        """`labels` checked against the problem type (as `ForSequenceClassificationLoss` infers it) and converted
+        to the dtype its loss needs; see `forward`."""
+        batch_size, num_labels = logits_shape
+        check_tensor("labels", labels, "any", (1, 2), f"({batch_size},) or ({batch_size}, {num_labels})")
+        integer = not (labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool)
+        problem_type = self.config.problem_type
+        if problem_type is None:
+            if num_labels == 1:
+                problem_type = "regression"
+            else:
+                problem_type = "single_label_classification" if integer else "multi_label_classification"
+        per_example = ((batch_size,), (batch_size, 1))
+        if problem_type == "single_label_classification":
+            check_tensor("labels", labels, "integer", (1, 2), f"({batch_size},)")
+            if tuple(labels.shape) not in per_example:
+                raise ValueError(
+                    f"labels has shape {tuple(labels.shape)}, but single-label classification takes one class id per "
+                    f"example: ({batch_size},)"
+                )
+            check_ids_in_range("labels", labels, num_labels, "num_labels", ignore_index=True)
+            return labels.long()
+        if problem_type == "regression" and num_labels == 1:
+            if tuple(labels.shape) not in per_example:
+                raise ValueError(
+                    f"labels has shape {tuple(labels.shape)}, but regression with num_labels=1 takes one target per "
+                    f"example: ({batch_size},)"
+                )
+        else:
+            check_shape("labels", labels, (batch_size, num_labels), f"({problem_type}: one value per class)")
+        if problem_type == "multi_label_classification" and _reads_values():
+            if not bool(((labels >= 0) & (labels <= 1)).all()):
+                raise ValueError("labels of multi-label classification must be multi-hot targets in [0, 1]")
+        return labels.float()
 
 
 class SeqBertForTokenClassification(SeqBertPreTrainedModel):
@@ -1021,7 +1376,8 @@ class SeqBertForTokenClassification(SeqBertPreTrainedModel):
         logits = self.classifier(self.dropout(outputs.last_hidden_state))  # (B, L, C)
         loss = None
         if labels is not None:
-            loss = self.loss_function(logits, labels, self.config, **kwargs)
+            labels = check_labels("labels", labels, logits.shape, self.config.num_labels, "num_labels")
+            loss = self.loss_function(logits, labels, self.config, **kwargs)  # computed in float32
         return TokenClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -1033,6 +1389,12 @@ class SeqBertForQuestionAnswering(SeqBertPreTrainedModel):
     accepts_loss_kwargs = False
 
     def __init__(self, config: SeqBertConfig):
+        """Raises `ValueError` unless `config.num_labels == 2` (the start and end logits)."""
+        if config.num_labels != 2:
+            raise ValueError(
+                f"num_labels ({config.num_labels}) must be 2 for SeqBertForQuestionAnswering: one start and one end "
+                "logit per token"
+            )
         super().__init__(config)
         self.num_labels = config.num_labels
         self.seqbert = SeqBertModel(config, add_pooling_layer=False)
@@ -1055,7 +1417,11 @@ class SeqBertForQuestionAnswering(SeqBertPreTrainedModel):
         Inputs as in `SeqBertModel.forward`, plus `start_positions` / `end_positions` (`torch.LongTensor` of shape
         `(B,)`, *optional*): token indices of the answer span (positions beyond L are ignored, as in BERT). Returns
         `QuestionAnsweringModelOutput` with `start_logits` and `end_logits` (B, L) and the mean of the two
-        cross-entropies as `loss` when both positions are given.
+        cross-entropies (float32) as `loss` when both positions are given.
+
+        Raises:
+            TypeError, ValueError: as `SeqBertModel.forward`; only one of `start_positions` / `end_positions`;
+                positions not integer, not `(B,)`, or negative.
         """
         outputs = self.seqbert(
             input_ids,
@@ -1069,8 +1435,19 @@ class SeqBertForQuestionAnswering(SeqBertPreTrainedModel):
         logits = self.qa_outputs(outputs.last_hidden_state)  # (B, L, 2)
         start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))  # 2 x (B, L)
         loss = None
-        if start_positions is not None and end_positions is not None:
-            loss = self.loss_function(start_logits, end_logits, start_positions, end_positions, **kwargs)
+        if (start_positions is None) != (end_positions is None):
+            given = "start_positions" if start_positions is not None else "end_positions"
+            raise ValueError(f"only {given} was given: the QA loss needs both start_positions and end_positions")
+        if start_positions is not None:
+            batch_size = start_logits.shape[0]
+            for name, positions in (("start_positions", start_positions), ("end_positions", end_positions)):
+                check_tensor(name, positions, "integer", (1, 2), f"({batch_size},)")
+                if tuple(positions.shape) not in ((batch_size,), (batch_size, 1)):
+                    raise ValueError(f"{name} has shape {tuple(positions.shape)}, but it must be ({batch_size},)")
+                check_ids_in_range(name, positions, None)
+            loss = self.loss_function(
+                start_logits.float(), end_logits.float(), start_positions.long(), end_positions.long(), **kwargs
+            )
         return QuestionAnsweringModelOutput(
             loss=loss,
             start_logits=start_logits,
@@ -1106,11 +1483,32 @@ class SeqBertForMultipleChoice(SeqBertPreTrainedModel):
         r"""
         Inputs of shape `(B, num_choices, L)` (`inputs_embeds`: `(B, num_choices, L, H)`), plus `labels`
         (`torch.LongTensor` of shape `(B,)`, *optional*): index of the right choice. Returns
-        `MultipleChoiceModelOutput` with `logits` (B, num_choices) and the cross-entropy `loss` when `labels` are given.
+        `MultipleChoiceModelOutput` with `logits` (B, num_choices) and the cross-entropy `loss` (float32) when `labels`
+        are given.
+
+        Raises:
+            TypeError, ValueError: as `SeqBertModel.forward` (inputs not 3-D (4-D embeddings), the other inputs not
+                shaped like them), and for `labels` not integer, not `(B,)`, or outside `[0, num_choices)` (-100
+                takes no loss).
         """
-        reference = input_ids if input_ids is not None else inputs_embeds
-        if reference is None:
-            raise ValueError("Specify exactly one of input_ids or inputs_embeds")
+        if (input_ids is None) == (inputs_embeds is None):
+            given = "both" if input_ids is not None else "neither"
+            raise ValueError(f"Specify exactly one of input_ids or inputs_embeds; got {given}")
+        if input_ids is not None:
+            check_tensor("input_ids", input_ids, "integer", (3,), "(batch_size, num_choices, sequence_length)")
+            name, reference = "input_ids", input_ids
+        else:
+            check_tensor("inputs_embeds", inputs_embeds, "float", (4,), "(batch_size, num_choices, sequence_length, H)")
+            name, reference = "inputs_embeds", inputs_embeds
+        choices_shape = tuple(reference.shape[:3])  # (B, num_choices, L)
+        for other_name, other in (
+            ("attention_mask", attention_mask),
+            ("token_type_ids", token_type_ids),
+            ("position_ids", position_ids),
+        ):
+            if other is not None:
+                check_tensor(other_name, other, "any", (3,), "(batch_size, num_choices, sequence_length)")
+                check_shape(other_name, other, choices_shape, f"like {name}")
         num_choices = reference.shape[1]
 
         def flat(t: torch.Tensor | None, trailing: int) -> torch.Tensor | None:
@@ -1127,7 +1525,10 @@ class SeqBertForMultipleChoice(SeqBertPreTrainedModel):
             **kwargs,
         )
         logits = self.classifier(self.dropout(outputs.pooler_output)).view(-1, num_choices)  # (B, num_choices)
-        loss = CrossEntropyLoss()(logits, labels) if labels is not None else None
+        loss = None
+        if labels is not None:
+            labels = check_labels("labels", labels, logits.shape, num_choices, "num_choices")
+            loss = CrossEntropyLoss()(logits.float(), labels)
         return MultipleChoiceModelOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -1192,7 +1593,19 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
         self.lm_head.decoder = new_embeddings
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
-        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+        """Decoder inputs for teacher forcing (`shift_tokens_right`). Raises `ValueError` when the config has no
+        `decoder_start_token_id` or no `pad_token_id` (which stands in for the -100 of ignored labels)."""
+        start = self.config.decoder_start_token_id
+        if start is None:
+            start = self.generation_config.decoder_start_token_id
+        for name, value in (("decoder_start_token_id", start), ("pad_token_id", self.config.pad_token_id)):
+            if value is None:
+                raise ValueError(
+                    f"config.{name} is None, but building decoder_input_ids from labels needs it (decoder inputs are "
+                    f"the labels shifted right behind decoder_start_token_id, with pad_token_id for -100): set "
+                    f"config.{name} (for BERT2BERT: the tokenizer's [CLS] / [PAD] id) or pass decoder_input_ids"
+                )
+        return shift_tokens_right(labels, self.config.pad_token_id, start)
 
     @can_return_tuple
     def forward(
@@ -1228,8 +1641,17 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
             `Seq2SeqLMOutput`: `logits` (B, T, V) float, `loss` (scalar mean cross-entropy over labelled positions, or
             summed / `num_items_in_batch` when Trainer passes it), `past_key_values`, and on request decoder and
             encoder hidden states, self-attentions and cross-attentions.
+
+        Raises:
+            TypeError, ValueError: as `SeqBertModel.forward` (source) and `SeqBertDecoder.forward` (target); no
+                decoder inputs and no labels; labels not integer `(B, T)`, shaped unlike the decoder inputs or
+                outside `[0, vocab_size)` (-100 takes no loss); labels without decoder inputs while the config has
+                no `decoder_start_token_id` or `pad_token_id`.
         """
         if labels is not None:
+            check_tensor("labels", labels, "integer", (2,), "(batch_size, target_length)")
+            check_ids_in_range("labels", labels, self.config.vocab_size, "vocab_size", ignore_index=True)
+            labels = labels.long()
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
@@ -1237,6 +1659,16 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
                     # Inputs that came from ignored (-100) labels are padding: no position attends to them.
                     decoder_attention_mask = torch.ones_like(labels)
                     decoder_attention_mask[:, 1:] = labels[:, :-1] != -100
+        if decoder_input_ids is None and decoder_inputs_embeds is None:
+            raise ValueError(
+                "SeqBertForConditionalGeneration needs decoder inputs: pass labels (teacher forcing builds "
+                "decoder_input_ids from them), decoder_input_ids or decoder_inputs_embeds, or call generate()"
+            )
+        if labels is not None:
+            target = decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds
+            check_shape(
+                "labels", labels, tuple(target.shape[:2]), "like the decoder inputs (batch_size, target_length)"
+            )
         if encoder_outputs is None:
             encoder_outputs = self.seqbert(
                 input_ids,
@@ -1300,5 +1732,6 @@ __all__ = [
     "SeqBertForMultipleChoice",
     "SeqBertForConditionalGeneration",
     "eager_attention_forward",
+    "sinusoidal_position_embedding",
     "sinusoidal_position_table",
 ]
