@@ -32,7 +32,6 @@ checkpoints, `report_to none`. The output folder receives the fine-tuned model a
 
 import logging
 import os
-import sys
 from dataclasses import dataclass, field
 
 import datasets
@@ -56,11 +55,17 @@ from seqbert.hub import command_line, hub_base_model, training_recipe, write_mod
 from seqbert.metrics import ACCURACY_PATH
 from seqbert.plots import save_loss_curve
 from seqbert.script_utils import (
+    ScriptInputError,
     ScriptTrainingDefaults,
+    check_columns,
     check_data_file,
     check_distributed_launch,
     check_fsdp,
+    check_max_length,
+    check_splits,
     load_data_files,
+    parse_arguments,
+    run_cli,
     setup_logging,
 )
 from seqbert.training import SeqBertTrainer
@@ -102,7 +107,10 @@ class DataArguments:
     )
     text_column: str = field(default="text", metadata={"help": "Column holding the input text."})
     label_column: str = field(default="label", metadata={"help": "Column holding the label (int ids or strings)."})
-    max_seq_length: int = field(default=128, metadata={"help": "Inputs are truncated to this many tokens."})
+    max_seq_length: int = field(
+        default=128,
+        metadata={"help": "Inputs are truncated to this many tokens (at most the model's learned positions)."},
+    )
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep only the first N training examples."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Keep only the first N validation examples."})
 
@@ -116,6 +124,11 @@ class DataArguments:
             check_data_file(name, getattr(self, name))
         if self.max_seq_length < 1:
             raise ValueError(f"max_seq_length ({self.max_seq_length}) must be >= 1")
+        for name in ("max_train_samples", "max_eval_samples"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(
+                    f"{name} ({getattr(self, name)}) must be >= 1 (to skip a stage, use --do_train / --do_eval False)"
+                )
 
 
 @dataclass
@@ -134,7 +147,12 @@ class ClassificationTrainingArguments(ScriptTrainingDefaults, TrainingArguments)
 
 
 def load_raw_datasets(data_args: DataArguments, cache_dir: str | None) -> datasets.DatasetDict:
-    """The `train` and `validation` splits asked for by `data_args` (a Hub dataset, local files or the offline default)."""
+    """
+    The `train` and `validation` splits asked for by `data_args` (a Hub dataset, local files or the offline default).
+
+    Raises:
+        ScriptInputError: a local file cannot be read or holds no example (`seqbert.script_utils.load_data_files`).
+    """
     if data_args.dataset_name is not None:
         raw = datasets.load_dataset(data_args.dataset_name, data_args.dataset_config_name, cache_dir=cache_dir)
         if "validation" not in raw and "test" in raw:
@@ -148,15 +166,20 @@ def load_raw_datasets(data_args: DataArguments, cache_dir: str | None) -> datase
 
 
 def label_names(raw: datasets.DatasetDict, label_column: str) -> list[str]:
-    """Label names in id order: a `ClassLabel`'s names, else the sorted distinct values of every split."""
+    """
+    Label names in id order: a `ClassLabel`'s names, else the sorted distinct values of every split.
+
+    Raises:
+        ScriptInputError: `label_column` is not a column of the data, or holds floats.
+    """
     split = next(iter(raw.values()))
     if label_column not in split.column_names:
-        raise ValueError(f"label_column ({label_column!r}) is not a column of the data: {split.column_names}")
+        raise ScriptInputError(f"label_column ({label_column!r}) is not a column of the data: {split.column_names}")
     feature = split.features[label_column]
     if isinstance(feature, datasets.ClassLabel):
         return list(feature.names)
     if getattr(feature, "dtype", None) in ("float16", "float32", "float64"):
-        raise ValueError(
+        raise ScriptInputError(
             f"label_column ({label_column!r}) holds floats ({feature.dtype}); this script does classification only: "
             "labels must be integer ids or strings"
         )
@@ -238,13 +261,21 @@ def card_info(model_args, data_args, training_args, metrics: dict, names: list[s
     }
 
 
+def make_parser() -> HfArgumentParser:
+    """The parser of this script's three argument dataclasses."""
+    return HfArgumentParser((ModelArguments, DataArguments, ClassificationTrainingArguments))
+
+
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    """Parse arguments (from `argv`, else the command line), fine-tune, evaluate, save; return the merged metrics."""
-    parser = HfArgumentParser((ModelArguments, DataArguments, ClassificationTrainingArguments))
-    if argv is None and len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
-        model_args, data_args, training_args = parser.parse_json_file(json_file=os.path.abspath(sys.argv[1]))
-    else:
-        model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    """
+    Parse arguments (from `argv`, else the command line), fine-tune, evaluate, save; return the merged metrics.
+
+    Raises:
+        ScriptInputError: bad arguments or data (a missing or empty data file, a column the data lacks, a
+            `max_seq_length` beyond the model's learned positions, ...), found before anything is written to
+            `output_dir`. On the command line it is reported without a traceback (`seqbert.script_utils.run_cli`).
+    """
+    model_args, data_args, training_args = parse_arguments(make_parser(), argv)
 
     logger = logging.getLogger(__name__)
     setup_logging(training_args, logger)
@@ -254,18 +285,16 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if model_args.model_name_or_path is None:
         model_args.model_name_or_path = str(minilm_checkpoint_path())
     logger.info(f"Model: {model_args.model_name_or_path}")
+    config = AutoConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
+    check_max_length("max_seq_length", data_args.max_seq_length, config, f"the model {model_args.model_name_or_path!r}")
     transformers.set_seed(training_args.seed)
 
     # Data: raw splits, label names, tokenization.
     with training_args.main_process_first(desc="loading the data"):
         raw = load_raw_datasets(data_args, model_args.cache_dir)
-    if training_args.do_train and "train" not in raw:
-        raise ValueError(f"do_train needs a train split, but the data has only {list(raw)}: give --train_file")
-    if training_args.do_eval and "validation" not in raw:
-        raise ValueError(f"do_eval needs a validation split, but the data has only {list(raw)}: give --validation_file")
-    for name, ds in raw.items():
-        if data_args.text_column not in ds.column_names:
-            raise ValueError(f"text_column ({data_args.text_column!r}) is not a column of {name}: {ds.column_names}")
+    flags = {"train": "do_train", "validation": "do_eval"}
+    check_splits(raw, {split: flag for split, flag in flags.items() if getattr(training_args, flag)})
+    check_columns(raw, {"text_column": data_args.text_column, "label_column": data_args.label_column})
     names = label_names(raw, data_args.label_column)
     label_to_id = {name: i for i, name in enumerate(names)}
     is_class_label = isinstance(next(iter(raw.values())).features[data_args.label_column], datasets.ClassLabel)
@@ -339,4 +368,4 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main, make_parser())

@@ -45,7 +45,6 @@ on the masked tokens, `eval_unigram_perplexity` of the context-free baseline, `t
 import logging
 import math
 import os
-import sys
 from dataclasses import dataclass, field
 
 import datasets
@@ -59,6 +58,7 @@ from transformers import (
     AutoTokenizer,
     EvalPrediction,
     HfArgumentParser,
+    PretrainedConfig,
     PreTrainedTokenizerBase,
     TrainingArguments,
 )
@@ -71,11 +71,18 @@ from seqbert.hub import command_line, hub_base_model, training_recipe, write_mod
 from seqbert.metrics import ACCURACY_PATH
 from seqbert.plots import save_loss_curve
 from seqbert.script_utils import (
+    DATA_FILE_EXTENSIONS,
+    ScriptInputError,
     ScriptTrainingDefaults,
+    check_columns,
     check_data_file,
     check_distributed_launch,
     check_fsdp,
+    check_max_length,
+    check_splits,
     load_data_files,
+    parse_arguments,
+    run_cli,
     setup_logging,
 )
 from seqbert.training import DataCollatorForResumableMasking, SeqBertTrainer
@@ -164,7 +171,10 @@ class DataArguments:
         default=5.0,
         metadata={"help": "Data without a validation split: hold out the first N percent of the training rows."},
     )
-    max_seq_length: int = field(default=128, metadata={"help": "Tokens per block (the texts are concatenated)."})
+    max_seq_length: int = field(
+        default=128,
+        metadata={"help": "Tokens per block (the texts are concatenated); at most the model's learned positions."},
+    )
     mlm_probability: float = field(default=0.15, metadata={"help": "Share of non-special tokens to mask."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep only the first N training blocks."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Keep only the first N validation blocks."})
@@ -180,10 +190,9 @@ class DataArguments:
         extensions = set()
         for name in ("train_file", "validation_file"):
             path = getattr(self, name)
+            check_data_file(name, path, extensions=("txt", *DATA_FILE_EXTENSIONS))
             if path is not None:
                 extensions.add(path.rsplit(".", 1)[-1])
-                if not path.endswith(".txt"):
-                    check_data_file(name, path)
         if len(extensions) > 1:
             raise ValueError(
                 f"train_file ({self.train_file!r}) and validation_file ({self.validation_file!r}) must have the same "
@@ -229,7 +238,8 @@ def load_raw_datasets(data_args: DataArguments, cache_dir: str | None) -> datase
     rows to one.
 
     Raises:
-        ValueError: the data has neither a train nor a validation split, or too few rows to split.
+        ScriptInputError: a local file cannot be read or holds no example (`seqbert.script_utils.load_data_files`),
+            or the training rows are too few to split.
     """
     if data_args.dataset_name is not None:
         raw = datasets.load_dataset(data_args.dataset_name, data_args.dataset_config_name, cache_dir=cache_dir)
@@ -238,15 +248,12 @@ def load_raw_datasets(data_args: DataArguments, cache_dir: str | None) -> datase
         files = {split: path for split, path in files.items() if path is not None}
         if not files:
             return load_bible_text(cache_dir=cache_dir)
-        if next(iter(files.values())).endswith(".txt"):
-            raw = datasets.load_dataset("text", data_files=files, cache_dir=cache_dir)
-        else:
-            raw = load_data_files(files, cache_dir)
+        raw = load_data_files(files, cache_dir)
     if "validation" not in raw and "train" in raw:
         train = raw["train"]
         num_validation = int(len(train) * data_args.validation_split_percentage / 100)
         if not 0 < num_validation < len(train):
-            raise ValueError(
+            raise ScriptInputError(
                 f"validation_split_percentage ({data_args.validation_split_percentage}) of {len(train)} training "
                 f"rows gives {num_validation} validation rows: give a validation_file or a larger percentage"
             )
@@ -280,11 +287,9 @@ def tokenize_and_group(
         `special_tokens_mask` (int lists of length `block_size`).
 
     Raises:
-        ValueError: `text_column` is not a column of a split.
+        ScriptInputError: `text_column` is not a column of a split.
     """
-    for name, split in raw.items():
-        if text_column not in split.column_names:
-            raise ValueError(f"text_column ({text_column!r}) is not a column of the {name} split: {split.column_names}")
+    check_columns(raw, {"text_column": text_column})
 
     tokenized = datasets.DatasetDict(
         {
@@ -338,8 +343,8 @@ def scratch_config(
     `config_overrides` (`"field=value,field=value"`, parsed by `PretrainedConfig.update_from_string`).
 
     Raises:
-        ValueError: `config_overrides` is malformed, names an unknown field, or gives a value SeqBertConfig rejects,
-            or leaves a vocabulary smaller than the tokenizer's.
+        ScriptInputError: `config_overrides` is malformed, names an unknown field, or gives a value SeqBertConfig
+            rejects, or leaves a vocabulary smaller than the tokenizer's.
     """
     config = seqbert.SeqBertConfig(
         vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, norm_placement=norm_placement, **SMALL_MODEL
@@ -349,25 +354,39 @@ def scratch_config(
             config.update_from_string(config_overrides)
             config = seqbert.SeqBertConfig.from_dict(config.to_dict())  # runs SeqBertConfig's checks
         except (ValueError, TypeError) as error:
-            raise ValueError(
+            raise ScriptInputError(
                 f"config_overrides ({config_overrides!r}) must be comma-separated field=value pairs of valid "
                 f"SeqBertConfig fields: {error}"
             ) from error
     if config.vocab_size < len(tokenizer):
-        raise ValueError(
+        raise ScriptInputError(
             f"config_overrides ({config_overrides!r}) sets vocab_size ({config.vocab_size}) below the tokenizer's "
             f"{len(tokenizer)} tokens"
         )
     return config
 
 
-def load_model(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> seqbert.SeqBertForMaskedLM:
-    """A new `SeqBertForMaskedLM` (`scratch_config`), or the checkpoint's (converted from BERT if it is BERT)."""
+def model_config(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> PretrainedConfig:
+    """
+    The configuration of the model to pretrain: a new one (`scratch_config`), or the checkpoint's.
+
+    Raises:
+        ScriptInputError: `config_overrides` is bad (`scratch_config`).
+    """
+    if model_args.model_name_or_path is None:
+        return scratch_config(tokenizer, model_args.norm_placement or "pre", model_args.config_overrides)
+    return AutoConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
+
+
+def load_model(
+    model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase, config: PretrainedConfig
+) -> seqbert.SeqBertForMaskedLM:
+    """A new `SeqBertForMaskedLM` of `config` (`model_config`), or the checkpoint's (converted from BERT if it is
+    BERT)."""
     path = model_args.model_name_or_path
     if path is None:
-        config = scratch_config(tokenizer, model_args.norm_placement or "pre", model_args.config_overrides)
         return seqbert.SeqBertForMaskedLM(config)
-    if AutoConfig.from_pretrained(path, cache_dir=model_args.cache_dir).model_type == "bert":
+    if config.model_type == "bert":
         model = seqbert.SeqBertForMaskedLM.from_bert_pretrained(path, cache_dir=model_args.cache_dir)
     else:
         model = AutoModelForMaskedLM.from_pretrained(path, cache_dir=model_args.cache_dir)
@@ -499,39 +518,47 @@ def card_info(model_args, data_args, training_args, model, metrics: dict, steps:
     }
 
 
+def make_parser() -> HfArgumentParser:
+    """The parser of this script's three argument dataclasses."""
+    return HfArgumentParser((ModelArguments, DataArguments, MLMTrainingArguments))
+
+
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    """Parse arguments (from `argv`, else the command line), pretrain, evaluate, save; return the merged metrics."""
-    parser = HfArgumentParser((ModelArguments, DataArguments, MLMTrainingArguments))
-    if argv is None and len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
-        model_args, data_args, training_args = parser.parse_json_file(json_file=os.path.abspath(sys.argv[1]))
-    else:
-        model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    """
+    Parse arguments (from `argv`, else the command line), pretrain, evaluate, save; return the merged metrics.
+
+    Raises:
+        ScriptInputError: bad arguments or data (a missing or empty data file, a `text_column` the data lacks, a
+            `max_seq_length` beyond the model's learned positions or longer than the text, ...), found before
+            anything is written to `output_dir`. On the command line it is reported without a traceback
+            (`seqbert.script_utils.run_cli`).
+    """
+    model_args, data_args, training_args = parse_arguments(make_parser(), argv)
 
     setup_logging(training_args, logger)
     logger.info(f"Training/evaluation parameters {training_args}")
     check_distributed_launch(training_args)
-    transformers.set_seed(training_args.seed)
 
-    # Tokenizer and model.
+    # Tokenizer and model configuration; the model itself is built once the data has passed its checks.
     tokenizer_name = model_args.tokenizer_name or model_args.model_name_or_path or str(minilm_checkpoint_path())
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_name, cache_dir=model_args.cache_dir)
-    model = load_model(model_args, tokenizer)
-    logger.info(f"Model: {model_args.model_name_or_path or 'new'}, {model.num_parameters():,} parameters")
-    block_size = min(data_args.max_seq_length, tokenizer.model_max_length)
-    if block_size > model.config.max_position_embeddings:
-        raise ValueError(
-            f"max_seq_length ({data_args.max_seq_length}) must be at most the model's max_position_embeddings "
-            f"({model.config.max_position_embeddings})"
-        )
+    config = model_config(model_args, tokenizer)
+    if model_args.model_name_or_path is None:
+        which, hint = "the new model", " (config_overrides can set more, or position_embedding_type=sinusoidal)"
+    else:
+        which, hint = f"the model {model_args.model_name_or_path!r}", ""
+    check_max_length("max_seq_length", data_args.max_seq_length, config, which, hint)
+    # Blocks are concatenated text, so only the model's positions bound them (checked above), not the tokenizer's
+    # model_max_length: a sinusoidal model trains on blocks of exactly max_seq_length, as its card says.
+    block_size = data_args.max_seq_length
 
     # Data: raw text, then tokenized blocks (cached on disk).
     with training_args.main_process_first(desc="loading the data"):
         raw = load_raw_datasets(data_args, model_args.cache_dir)
-    needed = {"train": training_args.do_train, "validation": training_args.do_eval}
-    for split, wanted in needed.items():
-        if wanted and split not in raw:
-            raise ValueError(f"the data has no {split!r} split (it has {list(raw)}): give --{split}_file")
-    raw = datasets.DatasetDict({split: raw[split] for split, wanted in needed.items() if wanted})
+    flags = {"train": "do_train", "validation": "do_eval"}
+    required = {split: flag for split, flag in flags.items() if getattr(training_args, flag)}
+    check_splits(raw, required)
+    raw = datasets.DatasetDict({split: raw[split] for split in required})
     with training_args.main_process_first(desc="tokenizing the data"):
         blocks = tokenize_and_group(
             raw,
@@ -545,7 +572,17 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     for split, limit in limits.items():
         if split in blocks and limit is not None:
             blocks[split] = blocks[split].select(range(min(limit, len(blocks[split]))))
+    for split, dataset in blocks.items():
+        if len(dataset) == 0:
+            raise ScriptInputError(
+                f"the {split} split does not fill one block of {block_size} tokens (max_seq_length "
+                f"{data_args.max_seq_length}): give more text or a smaller max_seq_length"
+            )
     train_dataset, eval_dataset = blocks.get("train"), blocks.get("validation")
+
+    transformers.set_seed(training_args.seed)  # the new model's initial weights
+    model = load_model(model_args, tokenizer, config)
+    logger.info(f"Model: {model_args.model_name_or_path or 'new'}, {model.num_parameters():,} parameters")
     log_probs = unigram_log_probs(train_dataset, len(tokenizer)) if train_dataset is not None else None
     if model_args.model_name_or_path is None and model_args.unigram_bias_init is not False and log_probs is not None:
         # Karpathy, "A Recipe for Training Neural Networks" (2019): initialise the last layer's bias to the prior.
@@ -613,4 +650,4 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main, make_parser())

@@ -54,10 +54,15 @@ from seqbert.hub import command_line, hub_base_model, training_recipe, write_mod
 from seqbert.plots import save_loss_curve
 from seqbert.script_utils import (
     ScriptTrainingDefaults,
+    check_columns,
     check_data_file,
     check_distributed_launch,
     check_fsdp,
+    check_max_length,
+    check_splits,
     load_data_files,
+    parse_arguments,
+    run_cli,
     setup_logging,
 )
 from seqbert.training import SeqBertSeq2SeqTrainer
@@ -92,8 +97,14 @@ class DataArguments:
     test_file: str | None = field(default=None, metadata={"help": "A csv or json(l) file of test pairs (scored)."})
     source_column: str = field(default="source", metadata={"help": "Column holding the source text."})
     target_column: str = field(default="target", metadata={"help": "Column holding the target text."})
-    max_source_length: int = field(default=128, metadata={"help": "Sources are truncated to this many tokens."})
-    max_target_length: int = field(default=128, metadata={"help": "Targets are truncated to this many tokens."})
+    max_source_length: int = field(
+        default=128,
+        metadata={"help": "Sources are truncated to this many tokens (at most the encoder's learned positions)."},
+    )
+    max_target_length: int = field(
+        default=128,
+        metadata={"help": "Targets are truncated to this many tokens (at most the decoder's learned positions)."},
+    )
     max_train_samples: int | None = field(
         default=4000, metadata={"help": "Keep only the first N training pairs (default 4000, for a 15-minute CPU run)."}
     )
@@ -115,6 +126,12 @@ class DataArguments:
         for name in ("max_source_length", "max_target_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be >= 1")
+        for name in ("max_train_samples", "max_eval_samples", "max_predict_samples"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(
+                    f"{name} ({getattr(self, name)}) must be >= 1 (to skip a stage, use --do_train / --do_eval / "
+                    "--do_predict False)"
+                )
 
 
 @dataclass
@@ -137,7 +154,12 @@ class TranslationTrainingArguments(ScriptTrainingDefaults, Seq2SeqTrainingArgume
 
 
 def load_raw_datasets(data_args: DataArguments, cache_dir: str | None) -> datasets.DatasetDict:
-    """The splits asked for by `data_args`: a Hub dataset, local files, or the offline Bible verse pairs."""
+    """
+    The splits asked for by `data_args`: a Hub dataset, local files, or the offline Bible verse pairs.
+
+    Raises:
+        ScriptInputError: a local file cannot be read or holds no example (`seqbert.script_utils.load_data_files`).
+    """
     if data_args.dataset_name is not None:
         return datasets.load_dataset(data_args.dataset_name, data_args.dataset_config_name, cache_dir=cache_dir)
     files = {"train": data_args.train_file, "validation": data_args.validation_file, "test": data_args.test_file}
@@ -255,28 +277,52 @@ def card_info(model_args, data_args, training_args, metrics: dict, steps: int) -
     }
 
 
+def make_parser() -> HfArgumentParser:
+    """The parser of this script's three argument dataclasses."""
+    return HfArgumentParser((ModelArguments, DataArguments, TranslationTrainingArguments))
+
+
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    """Parse arguments (from `argv`, else the command line), train, generate, score, save; return the metrics."""
-    parser = HfArgumentParser((ModelArguments, DataArguments, TranslationTrainingArguments))
-    model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    """
+    Parse arguments (from `argv`, else the command line), train, generate, score, save; return the metrics.
+
+    Raises:
+        ScriptInputError: bad arguments or data (a missing or empty data file, a column the data lacks, a
+            `max_source_length` / `max_target_length` / `generation_max_length` beyond the model's learned positions,
+            ...), found before anything is written to `output_dir`. On the command line it is reported without a
+            traceback (`seqbert.script_utils.run_cli`).
+    """
+    model_args, data_args, training_args = parse_arguments(make_parser(), argv)
 
     setup_logging(training_args, logger)
     check_distributed_launch(training_args)
     if model_args.model_name_or_path is None:
         model_args.model_name_or_path = str(minilm_checkpoint_path())
     logger.info(f"Model: {model_args.model_name_or_path}")
+    config = AutoConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
+    # A transformers EncoderDecoderModel keeps two configs; BERT (warm-starting both) and SeqBERT seq2seq keep one.
+    encoder_config, decoder_config = (
+        (config.encoder, config.decoder) if config.model_type == "encoder-decoder" else (config, config)
+    )
+    path = model_args.model_name_or_path
+    check_max_length("max_source_length", data_args.max_source_length, encoder_config, f"the encoder of {path!r}")
+    for name, value in (
+        ("max_target_length", data_args.max_target_length),
+        ("generation_max_length", training_args.generation_max_length),
+    ):
+        check_max_length(name, value, decoder_config, f"the decoder of {path!r}")
     transformers.set_seed(training_args.seed)
 
     with training_args.main_process_first(desc="loading the data"):
         raw = load_raw_datasets(data_args, model_args.cache_dir)
-    needed = {"train": training_args.do_train, "validation": training_args.do_eval, "test": training_args.do_predict}
-    for split, wanted in needed.items():
-        if wanted and split not in raw:
-            raise ValueError(f"the data has no {split!r} split (it has {list(raw)}): give --{split}_file")
-        if wanted:
-            for column in (data_args.source_column, data_args.target_column):
-                if column not in raw[split].column_names:
-                    raise ValueError(f"column {column!r} is not in the {split} split: {raw[split].column_names}")
+    flags = {"train": "do_train", "validation": "do_eval", "test": "do_predict"}
+    needed = {split: getattr(training_args, flag) for split, flag in flags.items()}
+    required = {split: flags[split] for split, wanted in needed.items() if wanted}
+    check_splits(raw, required)
+    check_columns(
+        datasets.DatasetDict({split: raw[split] for split in required}),
+        {"source_column": data_args.source_column, "target_column": data_args.target_column},
+    )
 
     tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
     model = load_model(model_args)
@@ -362,4 +408,4 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main, make_parser())

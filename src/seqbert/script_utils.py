@@ -1,13 +1,17 @@
-"""Plumbing the example scripts share: logging set-up, a multi-process launch check, and local data files."""
+"""Plumbing the example scripts share: argument parsing and the command-line entry point, logging set-up, a
+multi-process launch check, local data files, and the checks that turn bad input into a clear message before anything
+is written to `--output_dir`."""
 
+import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import datasets
 import transformers
-from transformers import TrainingArguments
+from transformers import HfArgumentParser, PretrainedConfig, TrainingArguments
 from transformers.trainer_utils import SaveStrategy
 from transformers.training_args import ParallelMode
 
@@ -37,6 +41,50 @@ class ScriptTrainingDefaults:
 # File types that `--train_file` / `--validation_file` / `--test_file` accept.
 DATA_FILE_EXTENSIONS = ("csv", "json", "jsonl")
 
+# The `datasets` loader of each data file type (`load_data_files`); `txt` (one text a line) is for run_mlm.py only.
+DATA_FILE_LOADERS = {"csv": "csv", "json": "json", "jsonl": "json", "txt": "text"}
+
+
+class ScriptInputError(ValueError):
+    """
+    Bad command-line arguments or input data (a missing or empty data file, a column the data lacks, a length the
+    model cannot take, ...), found before anything is written to `--output_dir`. The message names the argument, its
+    value and what is allowed. Called from Python, a script's `main` raises it (it is a `ValueError`); on the command
+    line `run_cli` prints it as a one-line usage error without a traceback.
+    """
+
+
+def parse_arguments(parser: HfArgumentParser, argv: list[str] | None) -> tuple:
+    """
+    The dataclasses of `parser`, from `argv` (else the command line; a single `.json` command-line argument is read
+    with `parser.parse_json_file`).
+
+    Raises:
+        ScriptInputError: a dataclass rejected a value (the scripts' `__post_init__` checks, `TrainingArguments`'),
+            or an argument is unknown to `parser`. (argparse itself still exits with status 2 on a malformed value.)
+    """
+    try:
+        if argv is None and len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
+            return parser.parse_json_file(json_file=os.path.abspath(sys.argv[1]))
+        return parser.parse_args_into_dataclasses(args=argv)
+    except ScriptInputError:
+        raise
+    except ValueError as error:
+        raise ScriptInputError(str(error)) from error
+
+
+def run_cli(main: Callable[[], object], parser: argparse.ArgumentParser) -> None:
+    """
+    The command-line entry point of a script: run `main()`; a `ScriptInputError` becomes `PROG: error: MESSAGE` on
+    stderr and exit status 2, argparse's convention for usage errors (without the usage text, which for
+    `TrainingArguments` runs to a hundred lines). Other exceptions propagate with their traceback: they are bugs or
+    failures, not bad input.
+    """
+    try:
+        main()
+    except ScriptInputError as error:
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
+
 
 def setup_logging(training_args: TrainingArguments, logger: logging.Logger) -> None:
     """Log to stdout at the process's log level (`--log_level`, quieter on non-main ranks), for the script's
@@ -60,13 +108,13 @@ def setup_logging(training_args: TrainingArguments, logger: logging.Logger) -> N
 
 def check_distributed_launch(training_args: TrainingArguments) -> None:
     """
-    Raise `ValueError` when the script was started as several processes (torchrun, accelerate launch) but transformers
-    did not set up distributed training, so that each process would train alone on all the data (with transformers 5
-    on a machine without GPU this happens unless `--use_cpu` is given).
+    Raise `ScriptInputError` (a `ValueError`) when the script was started as several processes (torchrun, accelerate
+    launch) but transformers did not set up distributed training, so that each process would train alone on all the
+    data (with transformers 5 on a machine without GPU this happens unless `--use_cpu` is given).
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size > 1 and training_args.parallel_mode != ParallelMode.DISTRIBUTED:
-        raise ValueError(
+        raise ScriptInputError(
             f"launched as {world_size} processes (WORLD_SIZE={world_size}) but transformers set up "
             f"parallel_mode={training_args.parallel_mode.value!r}, so each process would train alone on all the data: "
             "on a machine without GPU add --use_cpu (DDP over CPU processes with the gloo backend)"
@@ -91,14 +139,118 @@ def check_fsdp(trainer) -> None:
         )
 
 
-def check_data_file(name: str, path: str | None) -> None:
-    """Raise `ValueError` naming the argument unless `path` is None or ends in one of `DATA_FILE_EXTENSIONS`."""
-    if path is not None and path.rsplit(".", 1)[-1] not in DATA_FILE_EXTENSIONS:
-        raise ValueError(f"{name} ({path!r}) must end in one of {['.' + ext for ext in DATA_FILE_EXTENSIONS]}")
+def check_data_file(name: str, path: str | None, extensions: tuple[str, ...] = DATA_FILE_EXTENSIONS) -> None:
+    """
+    Check the data file argument `name` (e.g. `train_file`) unless `path` is None.
+
+    Raises:
+        ScriptInputError: `path` does not end in `.EXT` for one of `extensions`, does not exist, is not a file, or is
+            empty (0 bytes).
+    """
+    if path is None:
+        return
+    allowed = ", ".join("." + extension for extension in extensions)
+    if path.rsplit(".", 1)[-1] not in extensions:
+        raise ScriptInputError(f"{name} ({path!r}) must end in one of {allowed}")
+    if not os.path.isfile(path):
+        problem = "is not a file" if os.path.exists(path) else "does not exist"
+        raise ScriptInputError(f"{name} ({path!r}) {problem}: give the path of an existing {allowed} file")
+    if os.path.getsize(path) == 0:
+        raise ScriptInputError(f"{name} ({path!r}) is empty: it must hold at least one example")
 
 
 def load_data_files(files: dict[str, str], cache_dir: str | None = None) -> datasets.DatasetDict:
-    """Splits from local csv / json / jsonl files (`{"train": path, ...}`) with `datasets.load_dataset`."""
-    extension = next(iter(files.values())).rsplit(".", 1)[-1]
-    builder = "json" if extension in ("json", "jsonl") else extension
-    return datasets.load_dataset(builder, data_files=files, cache_dir=cache_dir)
+    """
+    Splits from local files (`{"train": path, ...}`, each given as the argument `{split}_file`), each read with
+    `datasets.load_dataset` and the loader of its type (`DATA_FILE_LOADERS`: csv, json / jsonl, txt).
+
+    Raises:
+        ScriptInputError: `datasets` cannot read a file, or reads no example from it (e.g. a csv file with only a
+            header row, a jsonl file of blank lines); the message names the argument, the path and the reason.
+    """
+    raw = datasets.DatasetDict()
+    for split, path in files.items():
+        loader = DATA_FILE_LOADERS[path.rsplit(".", 1)[-1]]
+        try:
+            raw[split] = datasets.load_dataset(loader, data_files={split: path}, split=split, cache_dir=cache_dir)
+        except datasets.exceptions.DatasetGenerationError as error:
+            # A parse error, wrapped in a message that does not say what went wrong: its cause does.
+            raise ScriptInputError(
+                f"{split}_file ({path!r}) could not be read by datasets' {loader} loader: {error.__cause__ or error}"
+            ) from error
+        except ValueError as error:
+            # How datasets refuses a split without rows: 'Instruction "train" corresponds to no data!'.
+            raise ScriptInputError(
+                f"{split}_file ({path!r}) holds no example that datasets' {loader} loader can read ({error}): it "
+                "must hold at least one"
+            ) from error
+        if len(raw[split]) == 0:
+            raise ScriptInputError(f"{split}_file ({path!r}) holds no example: it must hold at least one")
+    return raw
+
+
+def check_splits(raw: datasets.DatasetDict, required: dict[str, str]) -> None:
+    """
+    Check that `raw` has each split of `required` (`{split: the argument that needs it}`, e.g.
+    `{"train": "do_train"}`) and that none of them is empty.
+
+    Raises:
+        ScriptInputError: a required split is missing (the message names the argument and `--{split}_file`), or
+            has no rows.
+    """
+    for split, needed_by in required.items():
+        if split not in raw:
+            raise ScriptInputError(
+                f"{needed_by} (True) needs a {split} split, but the data has only {list(raw)}: give --{split}_file, "
+                f"or {needed_by} False"
+            )
+        if len(raw[split]) == 0:
+            raise ScriptInputError(f"the {split} split of the data has no rows, but {needed_by} (True) needs some")
+
+
+def check_columns(raw: datasets.DatasetDict, columns: dict[str, str]) -> None:
+    """
+    Check that every split of `raw` has each column of `columns` (`{argument: column}`, e.g.
+    `{"text_column": "text"}`).
+
+    Raises:
+        ScriptInputError: a split lacks a column; the message names the argument, the column and the split's columns.
+    """
+    for split, dataset in raw.items():
+        for argument, column in columns.items():
+            if column not in dataset.column_names:
+                raise ScriptInputError(
+                    f"{argument} ({column!r}) is not a column of the {split} split: its columns are "
+                    f"{dataset.column_names}"
+                )
+
+
+def position_limit(config: PretrainedConfig) -> int | None:
+    """
+    The longest sequence (in tokens) a model of `config` can take, or None when it has no such limit or this
+    function does not know it: `max_position_embeddings` for BERT (`model_type` "bert", a learned position table)
+    and for SeqBERT with `position_embedding_type` "learned"; None for SeqBERT with sinusoidal positions (they extend
+    to any length) and for other model types.
+    """
+    if config.model_type == "bert":
+        return config.max_position_embeddings
+    if config.model_type == "seqbert" and config.position_embedding_type == "learned":
+        return config.max_position_embeddings
+    return None
+
+
+def check_max_length(name: str, value: int | None, config: PretrainedConfig, model: str, hint: str = "") -> None:
+    """
+    Check the length argument `name` (e.g. `max_seq_length`) against the position limit of `config`
+    (`position_limit`); `model` says in the message which model that is (e.g. "the model 'bert-base-uncased'"), and
+    `hint` is added to its end. A `value` of None is not checked.
+
+    Raises:
+        ScriptInputError: `value` is above the limit; the message names the argument, the value and the limit.
+    """
+    limit = position_limit(config)
+    if value is not None and limit is not None and value > limit:
+        raise ScriptInputError(
+            f"{name} ({value}) must be at most {limit}: {model} has learned position embeddings for "
+            f"max_position_embeddings ({limit}) positions{hint}"
+        )

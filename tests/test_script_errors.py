@@ -1,0 +1,222 @@
+"""The example scripts on bad input: a missing or empty data file, a column the data lacks, a maximum length beyond the
+model's learned positions. Each must stop with exit status 2 and a one-line message naming the argument and its value
+(no traceback), before anything is written to `--output_dir`.
+
+The command-line runs are what users see (a subprocess per script and problem); they stop before any model is loaded,
+so each is mostly the ~7 s of importing torch and transformers, and the `cli_runs` fixture runs two at a time. The
+in-process cases cover the other arguments through `main`, which raises `ScriptInputError`."""
+
+import argparse
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import pythonbible as bible
+from conftest import ROOT
+from transformers import BertConfig
+
+import seqbert
+from seqbert.data import rotten_tomatoes_path
+from seqbert.script_utils import ScriptInputError, check_data_file, check_max_length, position_limit, run_cli
+
+
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import run_classification  # noqa: E402
+import run_mlm  # noqa: E402
+import run_seq2seq  # noqa: E402
+
+
+MARKER = "written before the run\n"
+
+
+@dataclass(frozen=True)
+class Case:
+    """A command line with one bad argument; `{data}` in `args` and `value` stands for the `data_dir` folder."""
+
+    script: str
+    problem: str
+    args: tuple[str, ...]
+    argument: str  # the message must name it ...
+    value: str  # ... and its value
+    existing_output: bool = False  # the output folder exists (with a marker file) before the run
+
+    @property
+    def id(self) -> str:
+        return f"{self.script.removeprefix('run_').removesuffix('.py')}-{self.problem}"
+
+
+REVIEWS = ("--train_file", "{data}/reviews.csv", "--validation_file", "{data}/reviews.csv")
+PAIRS = ("--train_file", "{data}/pairs.jsonl", "--test_file", "{data}/pairs.jsonl")
+VERSES = ("--train_file", "{data}/verses.txt", "--validation_file", "{data}/verses.txt")
+
+CASES = [
+    Case(
+        "run_classification.py", "missing-file",
+        ("--train_file", "{data}/nonexistent.csv", "--validation_file", "{data}/reviews.csv"),
+        "train_file", "{data}/nonexistent.csv",
+    ),
+    Case(
+        "run_classification.py", "empty-file",
+        ("--train_file", "{data}/header_only.csv", "--validation_file", "{data}/reviews.csv"),
+        "train_file", "{data}/header_only.csv",
+    ),
+    Case(
+        "run_classification.py", "unknown-column", (*REVIEWS, "--label_column", "nope"), "label_column", "'nope'",
+        existing_output=True,
+    ),
+    Case("run_classification.py", "too-long", ("--max_seq_length", "1024"), "max_seq_length", "1024"),
+    Case(
+        "run_seq2seq.py", "missing-file", (*PAIRS, "--validation_file", "{data}/nonexistent.jsonl"),
+        "validation_file", "{data}/nonexistent.jsonl",
+    ),
+    Case(
+        "run_seq2seq.py", "empty-file", ("--train_file", "{data}/no_lines.jsonl", "--test_file", "{data}/pairs.jsonl"),
+        "train_file", "{data}/no_lines.jsonl",
+    ),
+    Case("run_seq2seq.py", "unknown-column", (*PAIRS, "--source_column", "nope"), "source_column", "'nope'"),
+    Case("run_seq2seq.py", "too-long", ("--max_source_length", "1024"), "max_source_length", "1024"),
+    Case("run_mlm.py", "missing-file", ("--train_file", "{data}/nonexistent.txt"), "train_file", "{data}/nonexistent.txt"),
+    Case("run_mlm.py", "empty-file", ("--train_file", "{data}/no_lines.txt"), "train_file", "{data}/no_lines.txt"),
+    Case("run_mlm.py", "unknown-column", (*VERSES, "--text_column", "nope"), "text_column", "'nope'"),
+    Case("run_mlm.py", "too-long", ("--max_seq_length", "1024"), "max_seq_length", "1024"),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    """Small real data files (Rotten Tomatoes snippets, Genesis verse pairs and text) and empty ones."""
+    folder = tmp_path_factory.mktemp("data")
+    reviews = pd.read_csv(rotten_tomatoes_path())
+    reviews = reviews[reviews.category.isin(["fresh", "rotten"])].head(8)
+    reviews.rename(columns={"category": "label"})[["text", "label"]].to_csv(folder / "reviews.csv", index=False)
+    (folder / "header_only.csv").write_text("text,label\n")
+    verse_ids = [bible.get_verse_id(bible.Book.GENESIS, 1, verse) for verse in range(1, 9)]
+    pairs = pd.DataFrame(
+        {
+            "source": [bible.get_verse_text(v, version=bible.Version.KING_JAMES) for v in verse_ids],
+            "target": [bible.get_verse_text(v, version=bible.Version.WORLD_ENGLISH) for v in verse_ids],
+        }
+    )
+    pairs.to_json(folder / "pairs.jsonl", orient="records", lines=True)
+    (folder / "verses.txt").write_text("\n".join(pairs.source) + "\n")
+    (folder / "no_lines.jsonl").write_text("")
+    (folder / "no_lines.txt").write_text("")
+    return folder
+
+
+def run_case(case: Case, data_dir: Path, root: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    """Run `case` as a user would (repository root as working directory, no Hub); return the result and the
+    `--output_dir` it was given."""
+    output_dir = root / "output"
+    if case.existing_output:
+        output_dir.mkdir(parents=True)
+        (output_dir / "marker.txt").write_text(MARKER)
+    command = [
+        sys.executable, str(ROOT / "scripts" / case.script), *(arg.format(data=data_dir) for arg in case.args),
+        "--output_dir", str(output_dir), "--cache_dir", str(root / "cache"),
+    ]  # fmt: skip
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300), output_dir
+
+
+@pytest.fixture(scope="module")
+def cli_runs(request, data_dir, tmp_path_factory):
+    """Case id -> future of `run_case`, for the cases of this session's selected tests, run two at a time."""
+    parameters = [item.callspec.params for item in request.session.items if hasattr(item, "callspec")]
+    selected = {params["case"] for params in parameters if isinstance(params.get("case"), Case)}
+    root = tmp_path_factory.mktemp("cli")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield {case.id: pool.submit(run_case, case, data_dir, root / case.id) for case in CASES if case in selected}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
+def test_bad_input_stops_with_a_one_line_message_before_writing_output(case, cli_runs, data_dir):
+    result, output_dir = cli_runs[case.id].result()
+    report = f"exit status {result.returncode}\nstderr:\n{result.stderr[-4000:]}"
+    assert result.returncode == 2, report
+    assert "Traceback" not in result.stderr, report
+    errors = [line for line in result.stderr.splitlines() if line.startswith(f"{case.script}: error: ")]
+    assert len(errors) == 1, report
+    assert case.argument in errors[0] and case.value.format(data=data_dir) in errors[0], report
+    if case.existing_output:
+        assert [path.name for path in output_dir.iterdir()] == ["marker.txt"]
+        assert (output_dir / "marker.txt").read_text() == MARKER
+    else:
+        assert not output_dir.exists()
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "argument", "value"),
+    [
+        (run_classification, (*REVIEWS[:2], "--validation_file", "{data}/nonexistent.csv"), "validation_file", "nonexistent.csv"),
+        (run_classification, (*REVIEWS, "--text_column", "nope"), "text_column", "'nope'"),
+        (run_classification, (*REVIEWS, "--max_train_samples", "0"), "max_train_samples", "0"),
+        (run_classification, (*REVIEWS, "--max_eval_samples", "0"), "max_eval_samples", "0"),
+        (run_seq2seq, (*PAIRS, "--target_column", "nope"), "target_column", "'nope'"),
+        (run_seq2seq, (*PAIRS, "--max_target_length", "1024"), "max_target_length", "1024"),
+        (run_seq2seq, (*PAIRS, "--generation_max_length", "600"), "generation_max_length", "600"),
+        (run_seq2seq, (*PAIRS, "--max_train_samples", "0"), "max_train_samples", "0"),
+        (run_seq2seq, (*PAIRS[:2], "--test_file", "{data}/header_only.csv"), "test_file", "header_only.csv"),
+        (run_seq2seq, ("--train_file", "{data}/pairs.jsonl"), "do_predict", "test"),
+        (run_mlm, ("--train_file", "{data}/header_only.csv"), "train_file", "header_only.csv"),
+        (run_mlm, ("--validation_file", "{data}/nonexistent.jsonl"), "validation_file", "nonexistent.jsonl"),
+        (run_mlm, (*VERSES, "--max_seq_length", "512"), "max_seq_length", "512"),  # 8 verses fill no block of 512
+        (run_mlm, ("--max_train_samples", "0"), "max_train_samples", "0"),
+        (run_mlm, ("--config_overrides", "max_position_embeddings=64", "--max_seq_length", "65"), "max_seq_length", "65"),
+    ],
+)  # fmt: skip
+def test_main_raises_a_script_input_error_naming_the_argument_before_writing_output(
+    script, args, argument, value, data_dir, tmp_path
+):
+    output_dir = tmp_path / "output"
+    argv = [arg.format(data=data_dir) for arg in args]
+    with pytest.raises(ScriptInputError) as error:
+        script.main([*argv, "--output_dir", str(output_dir), "--cache_dir", str(tmp_path / "cache")])
+    assert argument in str(error.value) and value in str(error.value)
+    assert not output_dir.exists()
+
+
+def test_position_limit_binds_learned_positions_only():
+    assert position_limit(BertConfig(max_position_embeddings=128)) == 128
+    assert position_limit(seqbert.SeqBertConfig(max_position_embeddings=64)) == 64
+    sinusoidal = seqbert.SeqBertConfig(max_position_embeddings=64, position_embedding_type="sinusoidal")
+    assert position_limit(sinusoidal) is None
+    check_max_length("max_seq_length", 4096, sinusoidal, "tiny")  # no limit: no error
+    check_max_length("max_seq_length", 64, seqbert.SeqBertConfig(max_position_embeddings=64), "tiny")
+    with pytest.raises(ScriptInputError, match=r"max_seq_length \(65\) must be at most 64"):
+        check_max_length("max_seq_length", 65, seqbert.SeqBertConfig(max_position_embeddings=64), "tiny")
+
+
+def test_check_data_file_names_the_argument_for_a_folder_and_an_empty_file(tmp_path):
+    (tmp_path / "folder.csv").mkdir()
+    with pytest.raises(ScriptInputError, match="train_file .*folder.csv.* is not a file"):
+        check_data_file("train_file", str(tmp_path / "folder.csv"))
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(ScriptInputError, match="validation_file .*empty.jsonl.* is empty"):
+        check_data_file("validation_file", str(tmp_path / "empty.jsonl"))
+    (tmp_path / "one.jsonl").write_text('{"text": "a"}\n')
+    check_data_file("validation_file", str(tmp_path / "one.jsonl"))
+
+
+def test_run_cli_prints_input_errors_as_one_line_and_lets_other_errors_through(capsys):
+    parser = argparse.ArgumentParser(prog="demo.py")
+
+    def bad_input():
+        raise ScriptInputError("max_seq_length (1024) must be at most 512")
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(bad_input, parser)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == "demo.py: error: max_seq_length (1024) must be at most 512\n"
+
+    def bug():
+        raise ValueError("not an input error")
+
+    with pytest.raises(ValueError, match="not an input error"):
+        run_cli(bug, parser)
