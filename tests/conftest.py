@@ -45,6 +45,17 @@ VARIANTS = [
 ]
 
 
+# Every encoder head, by a short name the tests use.
+ENCODER_HEADS = {
+    "model": seqbert.SeqBertModel,
+    "mlm": seqbert.SeqBertForMaskedLM,
+    "cls": seqbert.SeqBertForSequenceClassification,
+    "token": seqbert.SeqBertForTokenClassification,
+    "qa": seqbert.SeqBertForQuestionAnswering,
+    "choice": seqbert.SeqBertForMultipleChoice,
+}
+
+
 def variant_id(v: dict) -> str:
     return f"{v['norm_placement']}-{v['position_embedding_type']}-{'scaled' if v['scale_embedding'] else 'unscaled'}"
 

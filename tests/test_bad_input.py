@@ -8,7 +8,7 @@ import re
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import ENCODER_HEADS, tiny_config
 
 import seqbert
 
@@ -22,15 +22,7 @@ def batch(tokenizer, rt_texts):
 @pytest.fixture(scope="module")
 def models(minilm_path):
     """The real MiniLM checkpoint in every encoder head (eval mode)."""
-    classes = {
-        "model": seqbert.SeqBertModel,
-        "mlm": seqbert.SeqBertForMaskedLM,
-        "cls": seqbert.SeqBertForSequenceClassification,
-        "token": seqbert.SeqBertForTokenClassification,
-        "qa": seqbert.SeqBertForQuestionAnswering,
-        "choice": seqbert.SeqBertForMultipleChoice,
-    }
-    return {name: cls.from_bert_pretrained(minilm_path).eval() for name, cls in classes.items()}
+    return {name: cls.from_bert_pretrained(minilm_path).eval() for name, cls in ENCODER_HEADS.items()}
 
 
 def _with(batch, **changes):

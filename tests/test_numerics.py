@@ -112,6 +112,22 @@ def test_pad_id_and_amount_of_padding_do_not_change_real_tokens(encoder, snippet
             assert (logits - reference)[real].abs().max().item() <= 1e-5, (pad_id, extra)
 
 
+def test_left_padding_with_position_ids_equals_right_padding(encoder, snippets):
+    """Positions are token indices, as in BERT; left-padded batches give the right-padded outputs once their
+    position_ids count real tokens only."""
+    real = snippets["attention_mask"].bool()
+    lengths = real.sum(1)
+    left = {
+        k: torch.stack([v[i].roll(int(real.shape[1] - n)) for i, n in enumerate(lengths)]) for k, v in snippets.items()
+    }
+    position_ids = (left["attention_mask"].cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        right_out = encoder(**snippets).logits
+        left_out = encoder(**left, position_ids=position_ids).logits
+    for i, n in enumerate(lengths.tolist()):
+        assert (left_out[i, real.shape[1] - n :] - right_out[i, :n]).abs().max().item() <= 1e-5
+
+
 def test_target_padding_does_not_change_real_target_tokens(bert2bert, tokenizer):
     source = tokenizer(["In the beginning God created the heaven and the earth."], return_tensors="pt")
     target = tokenizer(["In the beginning, God created the heavens and the earth."], return_tensors="pt").input_ids

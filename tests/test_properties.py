@@ -6,6 +6,7 @@ import copy
 import tempfile
 
 import torch
+from conftest import ENCODER_HEADS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -72,13 +73,7 @@ def test_padding_and_batch_invariance(config, lengths, extra, pad_id, seed):
             assert (batched[row, : len(sequence)] - alone).abs().max().item() <= TOLERANCE
 
 
-HEADS = [
-    seqbert.SeqBertModel,
-    seqbert.SeqBertForMaskedLM,
-    seqbert.SeqBertForSequenceClassification,
-    seqbert.SeqBertForTokenClassification,
-    seqbert.SeqBertForQuestionAnswering,
-]
+HEADS = [head for name, head in ENCODER_HEADS.items() if name != "choice"]  # choice takes 3-D inputs
 
 
 @settings(max_examples=15, deadline=None)
@@ -155,15 +150,7 @@ FUZZ_CONFIG = dict(
     decoder_start_token_id=1,
     eos_token_id=2,
 )
-FUZZ_HEADS = {
-    "model": seqbert.SeqBertModel,
-    "mlm": seqbert.SeqBertForMaskedLM,
-    "cls": seqbert.SeqBertForSequenceClassification,
-    "token": seqbert.SeqBertForTokenClassification,
-    "qa": seqbert.SeqBertForQuestionAnswering,
-    "choice": seqbert.SeqBertForMultipleChoice,
-    "seq2seq": seqbert.SeqBertForConditionalGeneration,
-}
+FUZZ_HEADS = {**ENCODER_HEADS, "seq2seq": seqbert.SeqBertForConditionalGeneration}
 FUZZ_MODELS = {}
 
 

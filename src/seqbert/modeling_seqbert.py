@@ -584,6 +584,33 @@ def check_ids_in_range(
     raise ValueError(f"{name} holds {ids[tuple(bad)].item()} at index {tuple(bad.tolist())}; allowed: {allowed}")
 
 
+def _check_ids_or_embeds(
+    config: SeqBertConfig,
+    input_ids: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+    ids_name: str,
+    embeds_name: str,
+    length_name: str,
+) -> tuple[int, int, str]:
+    """Check that exactly one of `input_ids` (B, L) integer and `inputs_embeds` (B, L, H) float is given, with
+    B, L >= 1 (named `ids_name` / `embeds_name` in messages); return B, L and the name of the one given."""
+    if (input_ids is None) == (inputs_embeds is None):
+        given = "both" if input_ids is not None else "neither"
+        raise ValueError(f"Specify exactly one of {ids_name} or {embeds_name}; got {given}")
+    if input_ids is not None:
+        check_tensor(ids_name, input_ids, "integer", (2,), f"(batch_size, {length_name})")
+        (batch_size, seq_len), name = input_ids.shape, ids_name
+    else:
+        width = config.hidden_size
+        check_tensor(embeds_name, inputs_embeds, "float", (3,), f"(batch_size, {length_name}, {width})")
+        if inputs_embeds.shape[-1] != width:
+            raise ValueError(f"{embeds_name} has width {inputs_embeds.shape[-1]}, but hidden_size is {width}")
+        (batch_size, seq_len), name = inputs_embeds.shape[:2], embeds_name
+    if batch_size == 0 or seq_len == 0:
+        raise ValueError(f"{name} has shape {tuple((batch_size, seq_len))}: need at least one sequence of one token")
+    return batch_size, seq_len, name
+
+
 def _check_encoder_inputs(
     config: SeqBertConfig,
     input_ids: torch.Tensor | None,
@@ -593,23 +620,9 @@ def _check_encoder_inputs(
     inputs_embeds: torch.Tensor | None,
 ) -> None:
     """The checks of `SeqBertModel.forward` (see its Raises section)."""
-    if (input_ids is None) == (inputs_embeds is None):
-        given = "both" if input_ids is not None else "neither"
-        raise ValueError(f"Specify exactly one of input_ids or inputs_embeds; got {given}")
-    if input_ids is not None:
-        check_tensor("input_ids", input_ids, "integer", (2,), "(batch_size, sequence_length)")
-        batch_size, seq_len = input_ids.shape
-        name = "input_ids"
-    else:
-        check_tensor(
-            "inputs_embeds", inputs_embeds, "float", (3,), f"(batch_size, sequence_length, {config.hidden_size})"
-        )
-        batch_size, seq_len, width = inputs_embeds.shape
-        if width != config.hidden_size:
-            raise ValueError(f"inputs_embeds has width {width}, but hidden_size is {config.hidden_size}")
-        name = "inputs_embeds"
-    if batch_size == 0 or seq_len == 0:
-        raise ValueError(f"{name} has shape {tuple((batch_size, seq_len))}: need at least one sequence of one token")
+    batch_size, seq_len, name = _check_ids_or_embeds(
+        config, input_ids, inputs_embeds, "input_ids", "inputs_embeds", "sequence_length"
+    )
     learned = config.position_embedding_type == "learned"
     if learned and position_ids is None and seq_len > config.max_position_embeddings:
         raise ValueError(
@@ -657,21 +670,9 @@ def _check_decoder_inputs(
 ) -> None:
     """The checks of `SeqBertDecoder.forward`, naming the arguments as `SeqBertForConditionalGeneration.forward`
     calls them (`decoder_input_ids`, ...)."""
-    if (input_ids is None) == (inputs_embeds is None):
-        given = "both" if input_ids is not None else "neither"
-        raise ValueError(f"Specify exactly one of decoder_input_ids or decoder_inputs_embeds; got {given}")
-    if input_ids is not None:
-        check_tensor("decoder_input_ids", input_ids, "integer", (2,), "(batch_size, target_length)")
-        batch_size, seq_len = input_ids.shape
-        name = "decoder_input_ids"
-    else:
-        check_tensor("decoder_inputs_embeds", inputs_embeds, "float", (3,), "(batch_size, target_length, H)")
-        batch_size, seq_len, width = inputs_embeds.shape
-        if width != config.hidden_size:
-            raise ValueError(f"decoder_inputs_embeds has width {width}, but hidden_size is {config.hidden_size}")
-        name = "decoder_inputs_embeds"
-    if batch_size == 0 or seq_len == 0:
-        raise ValueError(f"{name} has shape {tuple((batch_size, seq_len))}: need at least one sequence of one token")
+    batch_size, seq_len, name = _check_ids_or_embeds(
+        config, input_ids, inputs_embeds, "decoder_input_ids", "decoder_inputs_embeds", "target_length"
+    )
     total = past_length + seq_len
     if config.position_embedding_type == "learned" and total > config.max_position_embeddings:
         raise ValueError(
