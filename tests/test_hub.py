@@ -256,11 +256,12 @@ def test_main_job_folder_is_ready_to_push(classification_run):
         (lambda d: (d / "convert_bert.py").unlink(), "convert_bert.py is missing"),
         (lambda d: _drop_auto_map_entry(d, "AutoModel"), "auto_map has no 'AutoModel' entry"),
         (lambda d: (d / "model.safetensors").unlink(), "no safetensors weights"),
+        (lambda d: _truncate(d / "model.safetensors"), "model.safetensors is truncated or corrupt"),
         (lambda d: (d / "README.md").unlink(), "no model card (README.md)"),
         (lambda d: (d / "tokenizer.json").unlink(), "no tokenizer"),
         (lambda d: (d / "pytorch_model.bin").write_bytes(b"pickle"), "pickled files would be uploaded"),
     ],
-    ids=["modeling", "relative-import", "auto_map", "weights", "card", "tokenizer", "pickle"],
+    ids=["modeling", "relative-import", "auto_map", "weights", "truncated-weights", "card", "tokenizer", "pickle"],
 )
 def test_push_rejects_an_incomplete_folder_before_touching_the_hub(
     classification_run, tmp_path, capsys, break_folder, message
@@ -273,6 +274,11 @@ def test_push_rejects_an_incomplete_folder_before_touching_the_hub(
     error = capsys.readouterr().err
     assert f"model_dir ({str(folder)!r}) is not ready to push" in error and message in error
     assert hub.created_repos == [] and hub.commits == []
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
 
 
 def _drop_auto_map_entry(folder: Path, auto_class: str) -> None:

@@ -27,6 +27,8 @@ from huggingface_hub.utils import filter_repo_objects
 from safetensors import safe_open
 from transformers.dynamic_module_utils import get_relative_imports
 
+from .convert_bert import safetensors_file_problem
+
 
 RUN_INFO_NAME = "seqbert_run.json"
 CARD_NAME = "README.md"
@@ -367,7 +369,7 @@ def validate_model_folder(model_dir) -> list[str]:
 
     Checks: `config.json` is a SeqBERT config whose `auto_map` has `AutoConfig`, `AutoModel` and the Auto class of
     its architecture; every code file `auto_map` names, and every file those import relatively, is in the folder;
-    safetensors weights (all shards) are there and no pickled file would be uploaded; a tokenizer; the card
+    safetensors weights (all shards) are there and readable (not truncated) and no pickled file would be uploaded; a tokenizer; the card
     (`README.md`) with YAML metadata naming `library_name` and the `custom_code` tag.
 
     Returns:
@@ -385,11 +387,11 @@ def validate_model_folder(model_dir) -> list[str]:
     if not _weight_files(model_dir):
         problems.append("no safetensors weights (model.safetensors or model.safetensors.index.json): save_pretrained")
     else:
-        problems += [
-            f"{path.name} is missing (named in the weight index)"
-            for path in _weight_files(model_dir)
-            if not path.is_file()
-        ]
+        for path in _weight_files(model_dir):
+            if not path.is_file():
+                problems.append(f"{path.name} is missing (named in the weight index)")
+            elif (problem := safetensors_file_problem(path)) is not None:
+                problems.append(problem)
     pickled = sorted(name for name in names if name.endswith(PICKLED_SUFFIXES))
     if pickled:
         problems.append(
