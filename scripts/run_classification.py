@@ -67,6 +67,7 @@ from seqbert.script_utils import (
     parse_arguments,
     run_cli,
     setup_logging,
+    train_and_save,
 )
 from seqbert.training import SeqBertTrainer
 
@@ -341,13 +342,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     all_metrics = {}
     if training_args.do_train:
-        train_result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-        metrics = dict(train_result.metrics, train_samples=len(train_dataset))
-        trainer.save_model()  # the model and, as `processing_class`, the tokenizer
-        trainer.log_metrics("train", metrics)
-        trainer.save_metrics("train", metrics)  # also merged into all_results.json
-        trainer.save_state()
-        all_metrics.update(metrics)
+        all_metrics.update(train_and_save(trainer, train_dataset))
     if training_args.do_eval:
         logger.info("*** Evaluate ***")
         metrics = dict(trainer.evaluate(), eval_samples=len(eval_dataset))

@@ -64,6 +64,7 @@ from seqbert.script_utils import (
     parse_arguments,
     run_cli,
     setup_logging,
+    train_and_save,
 )
 from seqbert.training import SeqBertSeq2SeqTrainer
 
@@ -365,13 +366,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     metrics: dict[str, float] = {}
     if training_args.do_train:
-        result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-        train_metrics = dict(result.metrics, train_samples=len(tokenized["train"]))
-        trainer.save_model()  # the model and, as `processing_class`, the tokenizer
-        trainer.log_metrics("train", train_metrics)
-        trainer.save_metrics("train", train_metrics)
-        trainer.save_state()
-        metrics.update(train_metrics)
+        metrics.update(train_and_save(trainer, tokenized["train"]))
     if training_args.do_eval:
         eval_metrics = dict(trainer.evaluate(metric_key_prefix="eval"), eval_samples=len(tokenized["validation"]))
         trainer.log_metrics("eval", eval_metrics)

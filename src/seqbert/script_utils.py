@@ -139,6 +139,21 @@ def check_fsdp(trainer) -> None:
         )
 
 
+def train_and_save(trainer, train_dataset) -> dict[str, float]:
+    """
+    Train (resuming from `--resume_from_checkpoint` when given), then save the model (and, as `processing_class`, the
+    tokenizer), the train metrics (`train_results.json`, merged into `all_results.json`) and the trainer state, as
+    transformers' example scripts do. Returns the train metrics with `train_samples`.
+    """
+    result = trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)
+    metrics = dict(result.metrics, train_samples=len(train_dataset))
+    trainer.save_model()
+    trainer.log_metrics("train", metrics)
+    trainer.save_metrics("train", metrics)
+    trainer.save_state()
+    return metrics
+
+
 def check_data_file(name: str, path: str | None, extensions: tuple[str, ...] = DATA_FILE_EXTENSIONS) -> None:
     """
     Check the data file argument `name` (e.g. `train_file`) unless `path` is None.
