@@ -348,6 +348,27 @@ def find_checkpoint_problem(
     return None
 
 
+# File names that mark pickled PyTorch weights, which are read only with an explicit `use_safetensors=False`.
+_PICKLED_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def refuse_pickled_weights(name_or_path, subfolder: str = "") -> None:
+    """Raise `ValueError` when the local folder or file `name_or_path` has only pickled weights (no safetensors)."""
+    path = os.path.join(str(name_or_path), subfolder) if subfolder else str(name_or_path)
+    if os.path.isdir(path):
+        if any(f.endswith(".safetensors") or f.endswith(".safetensors.index.json") for f in os.listdir(path)):
+            return
+        pickled = [name for name in _PICKLE_FILES if os.path.isfile(os.path.join(path, name))]
+    else:
+        pickled = [path] if os.path.isfile(path) and path.endswith(_PICKLED_SUFFIXES) else []
+    if pickled:
+        raise ValueError(
+            f"pretrained_model_name_or_path ({str(name_or_path)!r}) holds only pickled PyTorch weights ({pickled[0]}), "
+            "which seqbert does not load by default because unpickling can run code: pass use_safetensors=False if "
+            "you trust the file, then `save_pretrained` writes safetensors"
+        )
+
+
 def _resolve_weight_files(name_or_path: str, use_safetensors: bool | None = None, **hub_kwargs) -> list[str]:
     """Local paths of the checkpoint's weight files (downloading them for Hub names), each checked for truncation.
 
@@ -382,13 +403,8 @@ def _resolve_weight_files(name_or_path: str, use_safetensors: bool | None = None
             if path.endswith(".safetensors") and (problem := safetensors_file_problem(path)) is not None:
                 raise OSError(problem)
         return files
-    folder = os.path.join(name_or_path, hub_kwargs.get("subfolder") or "")
-    if use_safetensors is not False and any(os.path.isfile(os.path.join(folder, name)) for name in _PICKLE_FILES):
-        raise ValueError(
-            f"pretrained_model_name_or_path ({str(name_or_path)!r}) holds only pickled PyTorch weights (pytorch_model.bin), "
-            "which seqbert does not load by default because unpickling can run code: pass use_safetensors=False if "
-            "you trust the file"
-        )
+    if use_safetensors is not False:
+        refuse_pickled_weights(name_or_path, hub_kwargs.get("subfolder") or "")
     allowed = (
         list(names)
         if use_safetensors is False

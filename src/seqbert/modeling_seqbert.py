@@ -11,7 +11,6 @@ V vocab_size, C num_labels.
 """
 
 import math
-import os
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -42,7 +41,14 @@ from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_seqbert import SeqBertConfig
-from .convert_bert import load_bert_as_seqbert_state_dict
+from .convert_bert import (
+    check_bert_loading_info,
+    checkpoint_config_dict,
+    find_checkpoint_problem,
+    load_bert_as_seqbert_state_dict,
+    mismatched_sizes_error,
+    refuse_pickled_weights,
+)
 
 
 logger = logging.get_logger(__name__)
@@ -723,28 +729,6 @@ def check_labels(
 
 # Keyword arguments of `from_bert_pretrained` that go to `from_pretrained` (loading) rather than to the config.
 _HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies")
-# Pickled PyTorch weight files, which `from_pretrained` reads only with an explicit `use_safetensors=False`.
-_PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
-_PICKLED_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-
-
-def _refuse_pickled_weights(name_or_path, subfolder: str = "") -> None:
-    """Raise `ValueError` when the local folder or file `name_or_path` has only pickled weights (no safetensors)."""
-    path = os.path.join(str(name_or_path), subfolder) if subfolder else str(name_or_path)
-    if os.path.isdir(path):
-        if any(f.endswith(".safetensors") or f.endswith(".safetensors.index.json") for f in os.listdir(path)):
-            return
-        pickled = [name for name in _PICKLED_WEIGHTS if os.path.isfile(os.path.join(path, name))]
-    else:
-        pickled = [path] if os.path.isfile(path) and path.endswith(_PICKLED_SUFFIXES) else []
-    if pickled:
-        raise ValueError(
-            f"pretrained_model_name_or_path ({str(name_or_path)!r}) holds only pickled PyTorch weights ({pickled[0]}), "
-            "which seqbert does not load by default because unpickling can run code: pass use_safetensors=False if "
-            "you trust the file, then `save_pretrained` writes safetensors"
-        )
-
-
 _LOADING_KWARGS = (
     "dtype",
     "torch_dtype",
@@ -818,14 +802,12 @@ class SeqBertPreTrainedModel(PreTrainedModel):
                 index is missing (the message names the file and says to re-download it or save it again); or
                 anything else `PreTrainedModel.from_pretrained` raises.
         """
-        from .convert_bert import checkpoint_config_dict, find_checkpoint_problem, mismatched_sizes_error
-
         path = pretrained_model_name_or_path
         ignore_mismatched_sizes = kwargs.pop("ignore_mismatched_sizes", False)
         output_loading_info = kwargs.pop("output_loading_info", False)
         safetensors_only = use_safetensors is None and path is not None
         if safetensors_only:
-            _refuse_pickled_weights(path, kwargs.get("subfolder", ""))
+            refuse_pickled_weights(path, kwargs.get("subfolder", ""))
         try:
             # Mismatched shapes are let through here and checked below, for a message that names the config fields.
             model, loading_info = super().from_pretrained(
@@ -904,8 +886,6 @@ class SeqBertPreTrainedModel(PreTrainedModel):
                 truncated, corrupt or missing (the message names the file and says to re-download it or save it
                 again).
         """
-        from .convert_bert import check_bert_loading_info
-
         use_safetensors = kwargs.pop("use_safetensors", None)
         hub_kwargs = {k: kwargs.pop(k) for k in _HUB_KWARGS if k in kwargs}
         loading_kwargs = {k: kwargs.pop(k) for k in _LOADING_KWARGS if k in kwargs}
