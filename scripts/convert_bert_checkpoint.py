@@ -1,9 +1,11 @@
 """Convert a BERT checkpoint (Hub name or local folder) into a SeqBERT folder that `AutoModel*.from_pretrained` loads.
 
-The folder gets the post-LN SeqBERT config, the renamed weights (safetensors) and the BERT tokenizer. The SeqBERT
-class is chosen from the checkpoint's `architectures` entry so every head it has is kept (BertForMaskedLM and
-BertForPreTraining -> SeqBertForMaskedLM, BertForSequenceClassification -> SeqBertForSequenceClassification, ...),
-unless `--model_class` names one.
+The folder gets the post-LN SeqBERT config, the renamed weights (safetensors), the BERT tokenizer and, for a
+sentence-transformers checkpoint, its modules (`modules.json`, pooling, normalisation, `sentence_bert_config.json`), so
+`SentenceTransformer(output_dir, trust_remote_code=True)` gives the original's embeddings. The SeqBERT class is chosen
+from the checkpoint's `architectures` entry so every head it has is kept (BertForMaskedLM and BertForPreTraining ->
+SeqBertForMaskedLM, BertLMHeadModel -> SeqBertForCausalLM, BertForSequenceClassification ->
+SeqBertForSequenceClassification, ...), unless `--model_class` names one.
 
 Usage:
     python scripts/convert_bert_checkpoint.py --bert_model_name_or_path bert-base-uncased --output_dir seqbert-base-uncased
@@ -21,6 +23,7 @@ from transformers import AutoConfig, AutoTokenizer, HfArgumentParser
 
 import seqbert
 from seqbert.convert_bert import SEQBERT_CLASS_FOR_BERT_ARCHITECTURE
+from seqbert.hub import copy_sentence_transformers_modules
 
 
 logger = logging.getLogger(__name__)
@@ -68,6 +71,8 @@ def convert(args: ConversionArguments) -> str:
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
+        if model_class is seqbert.SeqBertModel:
+            copy_sentence_transformers_modules(args.bert_model_name_or_path, staging)
         if os.path.exists(args.output_dir):
             shutil.rmtree(args.output_dir)
         os.replace(staging, args.output_dir)

@@ -9,8 +9,8 @@ process can run is the code saved in the folders. Each job of JOBS.json (a list)
 
 - `{"name", "mode": "forward", "folder", "auto_class", "inputs"}`: load with `transformers.<auto_class>`, run a forward
   pass on the tensors of the `inputs` safetensors file, and store every tensor field of the output as `name.field`;
-- `{"name", "mode": "generate", "folder", "inputs", "generate_kwargs"}`: `AutoModelForSeq2SeqLM` and `generate`,
-  stored as `name.sequences`;
+- `{"name", "mode": "generate", "folder", "auto_class", "inputs", "generate_kwargs"}`: `transformers.<auto_class>`
+  (`AutoModelForSeq2SeqLM` or `AutoModelForCausalLM`) and `generate`, stored as `name.sequences`;
 - `{"name", "mode": "resume", "folder", "checkpoint", "texts", "labels", "max_steps", "output_dir"}`: load the
   classifier from a Trainer checkpoint, resume `Trainer` from it up to `max_steps` and `save_model` to `output_dir`;
   stores the final step as `name.global_step`.
@@ -55,7 +55,8 @@ def forward(job) -> dict[str, torch.Tensor]:
 
 
 def generate(job) -> dict[str, torch.Tensor]:
-    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(job["folder"], trust_remote_code=True).eval()
+    auto_class = getattr(transformers, job["auto_class"])
+    model = auto_class.from_pretrained(job["folder"], trust_remote_code=True).eval()
     _check_remote(model)
     with torch.no_grad():
         sequences = model.generate(**load_file(job["inputs"]), **job["generate_kwargs"])

@@ -85,8 +85,9 @@ def test_warm_start_from_bert_matches_transformers_bert2bert(minilm_path, minilm
     missing = info["missing_keys"]
     assert {k for k in missing if "cross_attention" in k} == {
         f"decoder.layers.{i}.{name}" for i in range(6)
-        for name in ("cross_attention.q_proj.weight", "cross_attention.q_proj.bias", "cross_attention.kv_proj.weight",
-                     "cross_attention.kv_proj.bias", "cross_attention.out_proj.weight", "cross_attention.out_proj.bias",
+        for name in ("cross_attention.query.weight", "cross_attention.query.bias", "cross_attention.key.weight",
+                     "cross_attention.key.bias", "cross_attention.value.weight", "cross_attention.value.bias",
+                     "cross_attention.out_proj.weight", "cross_attention.out_proj.bias",
                      "cross_attention_norm.weight", "cross_attention_norm.bias")
     }  # fmt: skip
     assert {k for k in missing if "cross_attention" not in k} == {

@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
 import seqbert
-from seqbert.configuration_seqbert import ENCODER_AUTO_MAP, SEQ2SEQ_AUTO_MAP
+from seqbert.configuration_seqbert import CAUSAL_LM_AUTO_MAP, ENCODER_AUTO_MAP, SEQ2SEQ_AUTO_MAP
 from seqbert.hub import UPLOAD_IGNORE_PATTERNS, count_parameters, upload_files, validate_model_folder
 
 
@@ -54,7 +54,7 @@ def test_save_pretrained_writes_the_code_and_every_fitting_auto_class(tmp_path, 
         model = seqbert.SeqBertForTokenClassification(tiny_config(num_labels=3))
     model.save_pretrained(tmp_path)
     assert CODE_FILES <= {p.name for p in tmp_path.iterdir()}
-    expected = {**ENCODER_AUTO_MAP, **(SEQ2SEQ_AUTO_MAP if is_encoder_decoder else {})}
+    expected = {**ENCODER_AUTO_MAP, **(SEQ2SEQ_AUTO_MAP if is_encoder_decoder else CAUSAL_LM_AUTO_MAP)}
     assert _auto_map(tmp_path) == expected
     # The copied files are the package's own (nothing edited on the way), and they import each other relatively.
     for name in CODE_FILES:
@@ -90,7 +90,7 @@ def test_every_head_and_generate_match_in_a_process_without_seqbert(
     minilm_path, tokenizer, rt_texts, classification_run, tmp_path
 ):
     """Real MiniLM weights in every head (heads seeded), saved, copied elsewhere, loaded with trust_remote_code where
-    seqbert cannot be imported: identical outputs; seq2seq generate gives identical ids. The same for the main job's
+    seqbert cannot be imported: identical outputs; seq2seq and causal-LM generate give identical ids. The same for the main job's
     final folder and its Trainer checkpoint, and a Trainer run resumed from that checkpoint without seqbert."""
     texts = rt_texts[:4]
     expected, jobs = {}, []
@@ -131,9 +131,26 @@ def test_every_head_and_generate_match_in_a_process_without_seqbert(
                 "mode": "generate",
                 "folder": str(tmp_path / "copied" / "seq2seq"),
                 "inputs": str(tmp_path / "plain.safetensors"),
+                "auto_class": "AutoModelForSeq2SeqLM",
                 "generate_kwargs": kwargs,
             }
         )
+    # The decoder-only model: MiniLM's body as causal layers, a seeded LM head.
+    torch.manual_seed(0)
+    causal = seqbert.SeqBertForCausalLM.from_bert_pretrained(minilm_path).eval()
+    causal.save_pretrained(tmp_path / "copied" / "causal")
+    with torch.no_grad():
+        expected["causal.sequences"] = causal.generate(**plain, max_new_tokens=6)
+    jobs.append(
+        {
+            "name": "causal",
+            "mode": "generate",
+            "folder": str(tmp_path / "copied" / "causal"),
+            "inputs": str(tmp_path / "plain.safetensors"),
+            "auto_class": "AutoModelForCausalLM",
+            "generate_kwargs": {"max_new_tokens": 6},
+        }
+    )
 
     # The main job's output folder and its Trainer checkpoint.
     checkpoint = classification_run / "checkpoint-2"
@@ -171,13 +188,13 @@ def test_every_head_and_generate_match_in_a_process_without_seqbert(
         assert torch.equal(outputs[key], value), (key, (outputs[key] - value).abs().max())
     # A folder saved by remote code (no seqbert) carries the code and the full auto_map again.
     assert CODE_FILES <= {p.name for p in resumed.iterdir()}
-    assert _auto_map(resumed) == ENCODER_AUTO_MAP
+    assert _auto_map(resumed) == {**ENCODER_AUTO_MAP, **CAUSAL_LM_AUTO_MAP}
 
 
 def test_trainer_checkpoints_carry_the_code(classification_run):
     checkpoint = classification_run / "checkpoint-2"
     assert CODE_FILES <= {p.name for p in checkpoint.iterdir()}
-    assert _auto_map(checkpoint) == ENCODER_AUTO_MAP
+    assert _auto_map(checkpoint) == {**ENCODER_AUTO_MAP, **CAUSAL_LM_AUTO_MAP}
     assert not list(checkpoint.glob("pytorch_model*.bin"))
 
 

@@ -137,7 +137,7 @@ def test_from_bert_pretrained_num_labels_mismatch_and_ignore_mismatched_sizes(tm
 
 
 def test_num_attention_heads_changes_no_shape_but_is_validated_and_warned(bert_folder):
-    # SeqBERT's qkv_proj is (3H, H) whatever the head count: a head count that does not divide hidden_size is a
+    # SeqBERT's query/key/value are (H, H) whatever the head count: a head count that does not divide hidden_size is a
     # config error; one that does loads every tensor, with a warning that the model computes something else.
     with pytest.raises(ValueError, match=r"hidden_size \(32\) must be divisible by num_attention_heads \(5\)"):
         seqbert.SeqBertModel.from_bert_pretrained(bert_folder, num_attention_heads=5)
@@ -310,9 +310,10 @@ def expected_bert_tensor(name: str, bert: dict[str, torch.Tensor]) -> torch.Tens
     layer, part, kind = match.groups()
     prefix = f"encoder.layer.{layer}."
     part = part.removeprefix("self_")  # the decoder's self-attention is BERT's attention
-    if part == "attention.qkv_proj":
-        return torch.cat([bert[f"{prefix}attention.self.{p}.{kind}"] for p in ("query", "key", "value")])
     bert_part = {
+        "attention.query": "attention.self.query",
+        "attention.key": "attention.self.key",
+        "attention.value": "attention.self.value",
         "attention.out_proj": "attention.output.dense",
         "attention_norm": "attention.output.LayerNorm",
         "mlp.up_proj": "intermediate.dense",
@@ -344,19 +345,19 @@ def test_every_non_head_parameter_equals_the_minilm_tensor_it_came_from(minilm_p
             assert name not in info["missing_keys"], name
             assert torch.equal(tensor, expected_bert_tensor(canonical, minilm_tensors)), name
             checked += 1
-    # Embeddings (5) + 6 layers x 12 tensors per stack, plus the pooler (2) in the classes whose BERT twin has one.
+    # Embeddings (5) + 6 layers x 16 tensors per stack, plus the pooler (2) in the classes whose BERT twin has one.
     stacks = 2 if model_class.can_generate() else 1
     pooled = model_class in (
         seqbert.SeqBertModel, seqbert.SeqBertForSequenceClassification, seqbert.SeqBertForMultipleChoice
     )  # fmt: skip
-    assert checked == stacks * (5 + 6 * 12) + 2 * pooled
+    assert checked == stacks * (5 + 6 * 16) + 2 * pooled
 
 
 def test_bert_checkpoint_missing_one_layer_is_rejected(tmp_path, bert_folder):
     bert = load_file(bert_folder / "model.safetensors")
     incomplete = {k: v for k, v in bert.items() if not k.startswith("encoder.layer.1.")}
     folder = save_state_dict(tmp_path, BertConfig.from_pretrained(bert_folder), incomplete)
-    with pytest.raises(ValueError, match=r"from_bert_pretrained\(.*\): 12 parameter\(s\) outside the task heads are not in the checkpoint and would keep their random initialisation: encoder\.layers\.1\.attention\.out_proj\.bias, .* \(and 7 more\)\. Likely cause: the checkpoint lacks these tensors, so it is incomplete or corrupt"):  # fmt: skip
+    with pytest.raises(ValueError, match=r"from_bert_pretrained\(.*\): 16 parameter\(s\) outside the task heads are not in the checkpoint and would keep their random initialisation: encoder\.layers\.1\.attention\.key\.bias, .* \(and 11 more\)\. Likely cause: the checkpoint lacks these tensors, so it is incomplete or corrupt"):  # fmt: skip
         seqbert.SeqBertModel.from_bert_pretrained(folder)
 
 
@@ -389,7 +390,7 @@ def test_pre_layer_norm_override_is_rejected(bert_folder):
 def test_fewer_layers_than_the_checkpoint_is_a_reported_truncation(bert_folder):
     model, info = seqbert.SeqBertModel.from_bert_pretrained(bert_folder, num_hidden_layers=1, output_loading_info=True)
     assert len(model.encoder.layers) == 1 and not info["missing_keys"]
-    assert "seqbert.encoder.layers.1.attention.qkv_proj.weight" in info["unexpected_keys"]
+    assert "seqbert.encoder.layers.1.attention.query.weight" in info["unexpected_keys"]
 
 
 def test_pooler_may_be_new_only_when_the_checkpoint_has_none(tmp_path, bert_folder):

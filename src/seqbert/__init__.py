@@ -7,6 +7,7 @@ Importing the package registers `SeqBertConfig` and every SeqBERT model with the
 from transformers import (
     AutoConfig,
     AutoModel,
+    AutoModelForCausalLM,
     AutoModelForMaskedLM,
     AutoModelForMultipleChoice,
     AutoModelForQuestionAnswering,
@@ -17,6 +18,7 @@ from transformers import (
 
 from .configuration_seqbert import SeqBertConfig
 from .modeling_seqbert import (
+    SeqBertForCausalLM,
     SeqBertForConditionalGeneration,
     SeqBertForMaskedLM,
     SeqBertForMultipleChoice,
@@ -37,6 +39,7 @@ AUTO_CLASSES = {
     AutoModelForTokenClassification: SeqBertForTokenClassification,
     AutoModelForQuestionAnswering: SeqBertForQuestionAnswering,
     AutoModelForMultipleChoice: SeqBertForMultipleChoice,
+    AutoModelForCausalLM: SeqBertForCausalLM,
     AutoModelForSeq2SeqLM: SeqBertForConditionalGeneration,
 }
 
@@ -53,5 +56,6 @@ __all__ = [
     "SeqBertForTokenClassification",
     "SeqBertForQuestionAnswering",
     "SeqBertForMultipleChoice",
+    "SeqBertForCausalLM",
     "SeqBertForConditionalGeneration",
 ]

@@ -15,7 +15,8 @@ POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal")
 
 # The `auto_map` that `save_pretrained` writes into config.json, so that `AutoConfig` / `AutoModel*.from_pretrained(
 # folder_or_repo, trust_remote_code=True)` find SeqBERT's classes in the code files saved beside the weights.
-# Encoder heads fit every SeqBERT config (they load the encoder); `AutoModelForSeq2SeqLM` fits seq2seq configs only.
+# Encoder heads fit every SeqBERT config (they load the encoder); `AutoModelForSeq2SeqLM` fits seq2seq configs only,
+# `AutoModelForCausalLM` (decoder-only) the others.
 ENCODER_AUTO_MAP = {
     "AutoConfig": "configuration_seqbert.SeqBertConfig",
     "AutoModel": "modeling_seqbert.SeqBertModel",
@@ -26,6 +27,7 @@ ENCODER_AUTO_MAP = {
     "AutoModelForMultipleChoice": "modeling_seqbert.SeqBertForMultipleChoice",
 }
 SEQ2SEQ_AUTO_MAP = {"AutoModelForSeq2SeqLM": "modeling_seqbert.SeqBertForConditionalGeneration"}
+CAUSAL_LM_AUTO_MAP = {"AutoModelForCausalLM": "modeling_seqbert.SeqBertForCausalLM"}
 
 
 def _check_int(name: str, value, minimum: int) -> None:
@@ -187,7 +189,7 @@ class SeqBertConfig(PretrainedConfig):
     def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs) -> None:
         """
         `PretrainedConfig.save_pretrained`, plus the complete `auto_map` (every Auto class that fits this config,
-        see `ENCODER_AUTO_MAP` / `SEQ2SEQ_AUTO_MAP`) when the config is saved as remote code (always, for SeqBERT:
+        see `ENCODER_AUTO_MAP`, `SEQ2SEQ_AUTO_MAP`, `CAUSAL_LM_AUTO_MAP`) when the config is saved as remote code (always, for SeqBERT:
         the class is registered for `AutoConfig` below). transformers alone would record only the class being saved,
         and `AutoModel` on such a folder would then fail with "Unrecognized configuration class".
         """
@@ -197,7 +199,7 @@ class SeqBertConfig(PretrainedConfig):
 
     def remote_code_auto_map(self) -> dict[str, str]:
         """`{Auto class name: "module.Class"}` for every Auto class that can load a model of this config."""
-        return {**ENCODER_AUTO_MAP, **(SEQ2SEQ_AUTO_MAP if self.is_encoder_decoder else {})}
+        return {**ENCODER_AUTO_MAP, **(SEQ2SEQ_AUTO_MAP if self.is_encoder_decoder else CAUSAL_LM_AUTO_MAP)}
 
     def validate(self) -> None:
         """

@@ -3,19 +3,18 @@
 Used by `SeqBertPreTrainedModel.from_bert_pretrained` and `scripts/convert_bert_checkpoint.py`. It is copied next
 to `modeling_seqbert.py` into saved model folders, so it imports only torch and transformers.
 
-BERT body name (after an optional `bert.` prefix)       SeqBERT name ({P} = `seqbert.` for the encoder, `decoder.`)
+BERT body name (after an optional `bert.` prefix)       SeqBERT name ({P} = `seqbert.` or `decoder.`, see below)
 embeddings.{word,position,token_type}_embeddings      {P}embeddings.{same}
 embeddings.LayerNorm                                   {P}embeddings.layer_norm
-encoder.layer.{i}.attention.self.{query,key,value}     {P}...layers.{i}.{A}.qkv_proj (concatenated in that order)
-encoder.layer.{i}.attention.output.dense               {P}...layers.{i}.{A}.out_proj
-encoder.layer.{i}.attention.output.LayerNorm           {P}...layers.{i}.{A}_norm
-encoder.layer.{i}.crossattention.self.query            decoder.layers.{i}.cross_attention.q_proj
-encoder.layer.{i}.crossattention.self.{key,value}      decoder.layers.{i}.cross_attention.kv_proj (concatenated)
+encoder.layer.{i}.attention.self.{query,key,value}     {L}.{i}.{A}.{query,key,value}
+encoder.layer.{i}.attention.output.dense               {L}.{i}.{A}.out_proj
+encoder.layer.{i}.attention.output.LayerNorm           {L}.{i}.{A}_norm
+encoder.layer.{i}.crossattention.self.{query,key,value} decoder.layers.{i}.cross_attention.{query,key,value}
 encoder.layer.{i}.crossattention.output.dense          decoder.layers.{i}.cross_attention.out_proj
 encoder.layer.{i}.crossattention.output.LayerNorm      decoder.layers.{i}.cross_attention_norm
-encoder.layer.{i}.intermediate.dense                   {P}...layers.{i}.mlp.up_proj
-encoder.layer.{i}.output.dense                         {P}...layers.{i}.mlp.down_proj
-encoder.layer.{i}.output.LayerNorm                     {P}...layers.{i}.mlp_norm
+encoder.layer.{i}.intermediate.dense                   {L}.{i}.mlp.up_proj
+encoder.layer.{i}.output.dense                         {L}.{i}.mlp.down_proj
+encoder.layer.{i}.output.LayerNorm                     {L}.{i}.mlp_norm
 pooler.dense                                           seqbert.pooler.dense
 cls.predictions.transform.dense                        lm_head.dense
 cls.predictions.transform.LayerNorm                    lm_head.layer_norm
@@ -24,11 +23,18 @@ classifier, qa_outputs                                 unchanged
 embeddings.position_ids (a buffer some files carry)     dropped
 anything else (e.g. cls.seq_relationship)              unchanged, so `from_pretrained` reports it as unexpected
 
-where the encoder's layers are `seqbert.encoder.layers` with {A} = `attention`, the decoder's `decoder.layers` with
-{A} = `self_attention`. A transformers `EncoderDecoderModel` stores its encoder under `encoder.` and its
-`BertLMHeadModel` decoder under `decoder.bert.` / `decoder.cls.`.
+The role of the BERT weights sets {P}, the layer stack {L} and the self-attention name {A}:
+
+role       for                                                 {P}        {L}                      {A}
+encoder    SeqBertModel and its encoder heads; a seq2seq encoder  seqbert.   seqbert.encoder.layers   attention
+decoder    the decoder of SeqBertForConditionalGeneration      decoder.   decoder.layers           self_attention
+causal     SeqBertForCausalLM (from a `BertLMHeadModel`)       seqbert.   seqbert.layers           attention
+
+A transformers `EncoderDecoderModel` stores its encoder under `encoder.` and its `BertLMHeadModel` decoder under
+`decoder.bert.` / `decoder.cls.`.
 """
 
+import functools
 import json
 import os
 import re
@@ -64,28 +70,36 @@ _SHARED_BERT_FIELDS = (
 )
 
 _LAYER = r"^encoder\.layer\.(\d+)\."
-_FUSED = re.compile(_LAYER + r"(attention|crossattention)\.self\.(query|key|value)\.(weight|bias)$")
+
+# role -> (prefix {P}, layer stack {L}, self-attention name {A}); see the module docstring.
+_ROLES = {
+    "encoder": ("seqbert.", "seqbert.encoder.layers", "attention"),
+    "decoder": ("decoder.", "decoder.layers", "self_attention"),
+    "causal": ("seqbert.", "seqbert.layers", "attention"),
+}
 
 
-def _body_renames(prefix: str, layers: str, attention: str) -> list[tuple[str, str]]:
-    """Anchored renames of BERT body keys to SeqBERT names under `prefix` (`seqbert.` or `decoder.`)."""
-    return [
+def _body_renames(role: str) -> list[tuple[str, str]]:
+    """Anchored renames of BERT body keys to SeqBERT names for `role` (a key of `_ROLES`)."""
+    prefix, layers, attention = _ROLES[role]
+    renames = [
         (r"^embeddings\.LayerNorm\.", f"{prefix}embeddings.layer_norm."),
         (r"^embeddings\.(word_embeddings|position_embeddings|token_type_embeddings)\.", prefix + r"embeddings.\1."),
+        (_LAYER + r"attention\.self\.(query|key|value)\.", layers + r".\1." + attention + r".\2."),
         (_LAYER + r"attention\.output\.dense\.", layers + r".\1." + attention + ".out_proj."),
         (_LAYER + r"attention\.output\.LayerNorm\.", layers + r".\1." + attention + "_norm."),
+        (_LAYER + r"crossattention\.self\.(query|key|value)\.", layers + r".\1.cross_attention.\2."),
         (_LAYER + r"crossattention\.output\.dense\.", layers + r".\1.cross_attention.out_proj."),
         (_LAYER + r"crossattention\.output\.LayerNorm\.", layers + r".\1.cross_attention_norm."),
         (_LAYER + r"intermediate\.dense\.", layers + r".\1.mlp.up_proj."),
         (_LAYER + r"output\.dense\.", layers + r".\1.mlp.down_proj."),
         (_LAYER + r"output\.LayerNorm\.", layers + r".\1.mlp_norm."),
     ]
+    if role == "encoder":
+        renames.append((r"^pooler\.dense\.", "seqbert.pooler.dense."))
+    return renames
 
 
-_ENCODER_RENAMES = _body_renames("seqbert.", "seqbert.encoder.layers", "attention") + [
-    (r"^pooler\.dense\.", "seqbert.pooler.dense.")
-]
-_DECODER_RENAMES = _body_renames("decoder.", "decoder.layers", "self_attention")
 _HEAD_RENAMES = [
     (r"^cls\.predictions\.transform\.dense\.", "lm_head.dense."),
     (r"^cls\.predictions\.transform\.LayerNorm\.", "lm_head.layer_norm."),
@@ -101,31 +115,10 @@ def _rename(key: str, renames: list[tuple[str, str]]) -> str:
     return key
 
 
-def _fuse_projections(parts: dict, layers: str, attention: str) -> dict[str, torch.Tensor]:
-    """Concatenate each layer's query/key/value (self-attention) and key/value (cross-attention) along dim 0."""
-    fused = {}
-    for (layer, block, kind), tensors in sorted(parts.items()):
-        if block == "attention":
-            names, target = ("query", "key", "value"), f"{layers}.{layer}.{attention}.qkv_proj.{kind}"
-        else:
-            names, target = ("key", "value"), f"{layers}.{layer}.cross_attention.kv_proj.{kind}"
-            if "query" in tensors:
-                fused[f"{layers}.{layer}.cross_attention.q_proj.{kind}"] = tensors.pop("query")
-        if set(tensors) != set(names):
-            raise ValueError(f"BERT layer {layer} has {block} {kind}s for {sorted(tensors)}, expected {list(names)}")
-        fused[target] = torch.cat([tensors[name] for name in names], dim=0)
-    return fused
-
-
 def _convert(state_dict: dict[str, torch.Tensor], config: SeqBertConfig, role: str) -> dict[str, torch.Tensor]:
-    """Rename one BERT state dict for the `role` "encoder" (a SeqBERT encoder model and its heads) or "decoder"
-    (the decoder of a seq2seq model and its LM head)."""
-    renames = _ENCODER_RENAMES if role == "encoder" else _DECODER_RENAMES
-    layers, attention = (
-        ("seqbert.encoder.layers", "attention") if role == "encoder" else ("decoder.layers", "self_attention")
-    )
+    """Rename one BERT state dict for `role` (see the module docstring): the same tensors under SeqBERT's names."""
+    renames = _body_renames(role) + _HEAD_RENAMES
     converted: dict[str, torch.Tensor] = {}
-    parts: dict[tuple[str, str, str], dict[str, torch.Tensor]] = {}
     for key, tensor in state_dict.items():
         key = (
             key.removeprefix("bert.")
@@ -134,11 +127,6 @@ def _convert(state_dict: dict[str, torch.Tensor], config: SeqBertConfig, role: s
         )
         if key == "embeddings.position_ids":
             continue  # a buffer that old BERT checkpoints saved; SeqBERT builds positions on the fly
-        match = _FUSED.match(key)
-        if match:
-            layer, block, part, kind = match.groups()
-            parts.setdefault((layer, block, kind), {})[part] = tensor
-            continue
         if key == "cls.predictions.decoder.weight":
             if not config.tie_word_embeddings:
                 converted["lm_head.decoder.weight"] = tensor
@@ -147,30 +135,30 @@ def _convert(state_dict: dict[str, torch.Tensor], config: SeqBertConfig, role: s
             if "cls.predictions.bias" not in state_dict:
                 converted["lm_head.decoder.bias"] = tensor
             continue  # BERT stores the decoder bias twice (tied); keep one copy
-        converted[_rename(_rename(key, renames), _HEAD_RENAMES)] = tensor
-    converted.update(_fuse_projections(parts, layers, attention))
+        converted[_rename(key, renames)] = tensor
     return converted
 
 
-def bert_state_dict_to_seqbert(state_dict: dict[str, torch.Tensor], config: SeqBertConfig) -> dict[str, torch.Tensor]:
+def bert_state_dict_to_seqbert(
+    state_dict: dict[str, torch.Tensor], config: SeqBertConfig, role: str = "encoder"
+) -> dict[str, torch.Tensor]:
     """
-    Rename a BERT state dict (any BERT head class, with or without the `bert.` prefix) to SeqBERT encoder names.
+    Rename a BERT state dict (any BERT head class, with or without the `bert.` prefix) to SeqBERT names.
 
-    Query, key and value of each layer are concatenated along the output dimension into `qkv_proj`
-    (weights (3H, H), biases (3H,)), in that order. Legacy TF-style `gamma`/`beta` LayerNorm names are accepted.
-    The MLM decoder weight is dropped when `config.tie_word_embeddings` (it is the word embedding matrix).
+    Query, key and value keep their own projections under BERT's names (`attention.query`, ...). Legacy TF-style
+    `gamma`/`beta` LayerNorm names are accepted. The MLM decoder weight is dropped when `config.tie_word_embeddings`
+    (it is the word embedding matrix).
 
     Args:
         state_dict: BERT parameter name -> tensor.
         config: the target `SeqBertConfig` (from `SeqBertConfig.from_bert_config`).
+        role: `"encoder"` (SeqBertModel and its encoder heads) or `"causal"` (SeqBertForCausalLM, from a
+            `BertLMHeadModel`); see the module docstring.
 
     Returns:
-        SeqBERT parameter name -> tensor (the same tensors, not copies, except the concatenated projections).
-
-    Raises:
-        ValueError: a layer lacks one of query/key/value.
+        SeqBERT parameter name -> tensor (the same tensors, not copies).
     """
-    return _convert(state_dict, config, "encoder")
+    return _convert(state_dict, config, role)
 
 
 def bert2bert_state_dict_to_seqbert(
@@ -179,10 +167,7 @@ def bert2bert_state_dict_to_seqbert(
     """
     Rename the state dict of a transformers `EncoderDecoderModel` with BERT encoder and decoder to the names of
     `SeqBertForConditionalGeneration`: `encoder.*` as a BERT encoder, `decoder.bert.*` / `decoder.cls.*` as the
-    decoder and its LM head (cross-attention key/value fused into `kv_proj`).
-
-    Raises:
-        ValueError: a layer lacks one of its attention projections.
+    decoder and its LM head.
     """
     encoder = {k.removeprefix("encoder."): v for k, v in state_dict.items() if k.startswith("encoder.")}
     decoder = {k.removeprefix("decoder."): v for k, v in state_dict.items() if k.startswith("decoder.")}
@@ -561,12 +546,12 @@ def _seq2seq_config_from_encoder_decoder(config, overrides: dict) -> SeqBertConf
 def load_bert_as_seqbert_state_dict(
     name_or_path: str,
     config_overrides: dict | None = None,
-    seq2seq: bool = False,
+    target: str = "encoder",
     use_safetensors: bool | None = None,
     **hub_kwargs,
 ) -> tuple[SeqBertConfig, dict[str, torch.Tensor]]:
     """
-    Read a BERT (or, for `seq2seq`, BERT or BERT2BERT) checkpoint's config and weights and return the post-LN
+    Read a BERT (or, for `"seq2seq"`, BERT or BERT2BERT) checkpoint's config and weights and return the post-LN
     `SeqBertConfig` and the state dict under SeqBERT names.
 
     Overrides that keep every shape but change the computation (`num_attention_heads`, `hidden_act`,
@@ -575,16 +560,18 @@ def load_bert_as_seqbert_state_dict(
     Args:
         name_or_path: Hub model id or local folder with `config.json` and weights.
         config_overrides: SeqBertConfig fields to override (e.g. `{"num_labels": 2}`).
-        seq2seq: build a `SeqBertForConditionalGeneration` state dict: from a BERT checkpoint by warm start
+        target: the SeqBERT model the state dict is for: `"encoder"` (SeqBertModel and its encoder heads),
+            `"causal"` (SeqBertForCausalLM, from a `BertLMHeadModel` or any BERT checkpoint), or `"seq2seq"`
+            (a `SeqBertForConditionalGeneration` state dict: from a BERT checkpoint by warm start
             (encoder and decoder both from BERT; `decoder_start_token_id` and `eos_token_id` from the overrides,
             else the ids of [CLS] and [SEP] in the checkpoint's tokenizer), from an `EncoderDecoderModel` by exact
-            conversion.
+            conversion).
         use_safetensors: `False` also accepts pickled `pytorch_model.bin` weights when there are no safetensors
             (read with `torch.load(weights_only=True)`); by default only safetensors are read.
         **hub_kwargs: `cache_dir`, `revision`, `token`, `local_files_only`, ... passed to the Hub resolution.
 
     Raises:
-        ValueError: the checkpoint is neither BERT nor (for `seq2seq`) a BERT2BERT `EncoderDecoderModel` (the
+        ValueError: the checkpoint is neither BERT nor (for `"seq2seq"`) a BERT2BERT `EncoderDecoderModel` (the
             message names the model_type found and what is allowed, and points SeqBERT checkpoints to
             `from_pretrained`), its encoder and decoder sizes differ, it has no weights file (or only pickled ones
             without `use_safetensors=False`), or a BERT warm start has no tokenizer to read
@@ -593,6 +580,7 @@ def load_bert_as_seqbert_state_dict(
             truncated, corrupt or missing (the message names the file and says to re-download or save it again).
     """
     overrides = dict(config_overrides or {})
+    seq2seq = target == "seq2seq"
     source_config = _load_config(name_or_path, **hub_kwargs)
     model_type = source_config.model_type
     if seq2seq and model_type == "encoder-decoder":
@@ -608,7 +596,7 @@ def load_bert_as_seqbert_state_dict(
                 **overrides,
             }
         config = SeqBertConfig.from_bert_config(source_config, **overrides)
-        convert = warm_start_state_dict if seq2seq else bert_state_dict_to_seqbert
+        convert = warm_start_state_dict if seq2seq else functools.partial(bert_state_dict_to_seqbert, role=target)
     else:
         allowed = "'bert' or 'encoder-decoder' (BERT2BERT)" if seq2seq else "'bert'"
         hint = (
@@ -658,7 +646,11 @@ _NEW_PARTS = (
     re.compile(r"^seqbert\.pooler\."),
     re.compile(r"^decoder\.layers\.\d+\.cross_attention(_norm)?\."),
 )
-_LAYER_STACKS = (("seqbert.encoder.layers.", "num_hidden_layers"), ("decoder.layers.", "num_decoder_layers"))
+_LAYER_STACKS = (
+    ("seqbert.encoder.layers.", "num_hidden_layers"),
+    ("seqbert.layers.", "num_hidden_layers"),
+    ("decoder.layers.", "num_decoder_layers"),
+)
 _TOP_LEVEL_PREFIXES = ("seqbert.", "decoder.", "lm_head.", "classifier.", "qa_outputs.")
 
 
@@ -689,9 +681,17 @@ def checkpoint_config_dict(name_or_path, **hub_kwargs) -> dict | None:
     return config
 
 
-def mismatched_sizes_error(mismatched_keys, config, checkpoint_config, where: str) -> ValueError:
+class MismatchedSizesError(RuntimeError, ValueError):
     """
-    The `ValueError` for parameters whose checkpoint shape differs from the model's.
+    Checkpoint parameters have another shape than the model's. A `RuntimeError`, as transformers raises for a size
+    mismatch in `from_pretrained` (code that catches that keeps working), and a `ValueError`, since a config value
+    (an override, or a `config=` that does not fit the checkpoint) is its usual cause.
+    """
+
+
+def mismatched_sizes_error(mismatched_keys, config, checkpoint_config, where: str) -> MismatchedSizesError:
+    """
+    The `MismatchedSizesError` for parameters whose checkpoint shape differs from the model's.
 
     Args:
         mismatched_keys: `(name, checkpoint shape, model shape)` triples, as in transformers' loading info.
@@ -720,7 +720,7 @@ def mismatched_sizes_error(mismatched_keys, config, checkpoint_config, where: st
         cause = "the config fields these shapes come from: " + ", ".join(
             f"{field}={model_values.get(field)!r}" for field in fields
         )
-    return ValueError(
+    return MismatchedSizesError(
         f"{where}: {len(rows)} parameter(s) of the checkpoint have another shape than in the model built from the "
         f"config: {'; '.join(shown[:_LISTED])}{f' (and {len(rows) - _LISTED} more)' if len(rows) > _LISTED else ''}. "
         f"Likely cause: {cause}. Pretrained weights load only into the sizes they were trained with: drop the "
@@ -789,8 +789,9 @@ def check_bert_loading_info(
         **hub_kwargs: `cache_dir`, `revision`, `subfolder` locate the checkpoint's config.
 
     Raises:
-        ValueError: parameters have another shape than in the checkpoint (unless `ignore_mismatched_sizes`), or
-            parameters outside the allowed parts are missing; the message lists them (first few and a count) and
+        MismatchedSizesError: (a `RuntimeError` and a `ValueError`) parameters have another shape than in the
+            checkpoint, unless `ignore_mismatched_sizes`.
+        ValueError: parameters outside the allowed parts are missing; the message lists them (first few and a count) and
             the likely cause (an override of a size or of `num_hidden_layers`, `norm_placement`, or an incomplete
             checkpoint).
     """
@@ -819,7 +820,7 @@ SEQBERT_CLASS_FOR_BERT_ARCHITECTURE = {
     "BertModel": "SeqBertModel",
     "BertForPreTraining": "SeqBertForMaskedLM",
     "BertForMaskedLM": "SeqBertForMaskedLM",
-    "BertLMHeadModel": "SeqBertForMaskedLM",
+    "BertLMHeadModel": "SeqBertForCausalLM",
     "BertForSequenceClassification": "SeqBertForSequenceClassification",
     "BertForTokenClassification": "SeqBertForTokenClassification",
     "BertForQuestionAnswering": "SeqBertForQuestionAnswering",

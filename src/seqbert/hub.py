@@ -19,6 +19,7 @@ import math
 import os
 import platform
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
@@ -75,6 +76,12 @@ ARCHITECTURES = {
         'inputs = tokenizer(["Q? A1", "Q? A2"], return_tensors="pt", padding=True)\n'
         "logits = model(**{k: v.unsqueeze(0) for k, v in inputs.items()}).logits  # (1, choices)",
     ),
+    "SeqBertForCausalLM": (
+        "AutoModelForCausalLM",
+        "text-generation",
+        'ids = model.generate(**tokenizer("The film", return_tensors="pt"), max_new_tokens=20)\n'
+        "print(tokenizer.decode(ids[0], skip_special_tokens=True))",
+    ),
     "SeqBertForConditionalGeneration": (
         "AutoModelForSeq2SeqLM",
         "text2text-generation",
@@ -82,6 +89,54 @@ ARCHITECTURES = {
         "print(tokenizer.decode(ids[0], skip_special_tokens=True))",
     ),
 }
+
+
+# A sentence-transformers model keeps, next to the transformers files: `modules.json` (the module list), each module's
+# folder (`1_Pooling/`, `2_Normalize/`, ...), the Transformer module's `sentence_bert_config.json` (max_seq_length,
+# lower-casing) and `config_sentence_transformers.json` (versions, prompts, similarity function).
+SENTENCE_TRANSFORMERS_ROOT_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
+
+
+def copy_sentence_transformers_modules(source: str, target, **hub_kwargs) -> list[str]:
+    """
+    Copy the sentence-transformers modules of the checkpoint `source` (a local folder or a Hub id) into `target`,
+    a converted SeqBERT folder, so that `SentenceTransformer(target, trust_remote_code=True)` rebuilds the same
+    pipeline (pooling, normalisation, maximum length) around the SeqBERT encoder instead of sentence-transformers'
+    default (mean pooling, no normalisation, max_seq_length 512). The module at path "" is the encoder itself, which
+    the conversion wrote.
+
+    Args:
+        source (`str`): the checkpoint that was converted.
+        target (`str` or `os.PathLike`): the folder it was converted into.
+        **hub_kwargs: `revision`, `cache_dir`, `token`, `local_files_only` for a Hub `source`.
+
+    Returns:
+        `list[str]`: the paths copied, relative to `target`; empty when `source` is not a sentence-transformers model
+        (it has no `modules.json`).
+    """
+    from huggingface_hub import snapshot_download
+
+    local = Path(source)
+    if not local.is_dir():
+        patterns = list(SENTENCE_TRANSFORMERS_ROOT_FILES)
+        local = Path(snapshot_download(source, allow_patterns=patterns, **hub_kwargs))
+        if (local / "modules.json").is_file():
+            module_paths = [m["path"] for m in json.loads((local / "modules.json").read_text()) if m.get("path")]
+            patterns += [f"{path}/*" for path in module_paths]
+            local = Path(snapshot_download(source, allow_patterns=patterns, **hub_kwargs))
+    if not (local / "modules.json").is_file():
+        return []
+    copied = []
+    for name in SENTENCE_TRANSFORMERS_ROOT_FILES:
+        if (local / name).is_file():
+            shutil.copy2(local / name, Path(target) / name)
+            copied.append(name)
+    for module in json.loads((local / "modules.json").read_text()):
+        path = module.get("path")
+        if path and (local / path).is_dir():
+            shutil.copytree(local / path, Path(target) / path, dirs_exist_ok=True)
+            copied.append(path)
+    return copied
 
 
 def machine_description() -> str:

@@ -10,7 +10,10 @@ Shape legend used in comments: B batch, L sequence length, H hidden_size, N head
 V vocab_size, C num_labels.
 """
 
+import importlib.abc
+import importlib.util
 import math
+import sys
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -22,12 +25,18 @@ from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationConfig, GenerationMixin
 from transformers.loss.loss_utils import fixed_cross_entropy
-from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.masking_utils import (
+    create_bidirectional_mask,
+    create_causal_mask,
+    find_packed_sequence_indices,
+    packed_sequence_mask_function,
+)
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
     BaseModelOutputWithPastAndCrossAttentions,
     BaseModelOutputWithPooling,
+    CausalLMOutputWithCrossAttentions,
     MaskedLMOutput,
     MultipleChoiceModelOutput,
     QuestionAnsweringModelOutput,
@@ -185,40 +194,87 @@ def eager_attention_forward(
 
 class UnpaddedBatch(NamedTuple):
     """
-    Where the real tokens of a padded (B, L) batch sit, for the unpadded encoder: hidden states travel as (1, T, H)
-    over the T real tokens only (embeddings, projections, feed-forward and LayerNorms never see padding), and only
-    attention restores the (B, L) layout, through `pad` / `unpad`.
+    Where the T real tokens of a batch sit, for the unpadded encoder: hidden states travel as (1, T, H) over the real
+    tokens only (embeddings, projections, feed-forward and LayerNorms never see padding), and only attention lays
+    them out again, one sequence per row.
+
+    Two layouts are kept. The *input* layout is the batch as given, (B, L): `unpad` takes its real tokens, `pad`
+    puts results back there (zeros at padding). The *attention* layout is (S, L_max): one row per sequence, each
+    starting at column 0, with `attention_mask` (S, L_max) marking its real tokens. For an ordinary padded batch the
+    sequences are the rows (S = B). For packed rows (several sequences in one row, as `DataCollatorWithFlattening`
+    builds them) each sequence gets its own row, so no token attends across a sequence boundary.
 
     Attributes:
-        indices (`torch.LongTensor` of shape `(T,)`): flat positions `b * L + l` of the real tokens, in order.
-        batch_size, seq_len (`int`): B and L of the padded batch.
+        indices (`torch.LongTensor` of shape `(T,)`): flat input positions `b * L + l` of the real tokens, in order.
+        input_shape (`tuple[int, int]`): (B, L).
+        attention_indices (`torch.LongTensor` of shape `(T,)`): flat attention positions `s * L_max + k` of the same
+            tokens (sequence s, k-th token of it).
+        attention_mask (`torch.BoolTensor` of shape `(S, L_max)`): True where a sequence has a token.
     """
 
     indices: torch.Tensor
-    batch_size: int
-    seq_len: int
+    input_shape: tuple[int, int]
+    attention_indices: torch.Tensor
+    attention_mask: torch.Tensor
 
     @classmethod
-    def from_mask(cls, attention_mask: torch.Tensor) -> "UnpaddedBatch":
-        """From a (B, L) mask, 1 (or True) for real tokens."""
-        batch_size, seq_len = attention_mask.shape
-        return cls(attention_mask.reshape(-1).nonzero().squeeze(1), batch_size, seq_len)
+    def from_mask(
+        cls, attention_mask: torch.Tensor | None, sequence_ids: torch.Tensor | None = None
+    ) -> "UnpaddedBatch":
+        """
+        Args:
+            attention_mask (`torch.Tensor` of shape `(B, L)`, *optional*): 1 (or True) for real tokens; None: all real.
+            sequence_ids (`torch.LongTensor` of shape `(B, L)`, *optional*): which sequence each token belongs to; a
+                new sequence starts wherever the id changes along a row (as `find_packed_sequence_indices` numbers
+                them). None: one sequence per row.
+        At least one of the two is given. Reads the layout on the host (two syncs).
+        """
+        reference = attention_mask if attention_mask is not None else sequence_ids
+        batch_size, seq_len = reference.shape
+        real = torch.ones_like(reference, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        indices = real.reshape(-1).nonzero().squeeze(1)  # (T,)
+        # A sequence starts at the first real token, at each new row, and wherever the sequence id changes.
+        row = indices // seq_len
+        starts = torch.ones_like(indices, dtype=torch.bool)
+        starts[1:] = row[1:] != row[:-1]
+        if sequence_ids is not None:
+            sequence = sequence_ids.reshape(-1)[indices]
+            starts[1:] |= sequence[1:] != sequence[:-1]
+        sequence_index = starts.cumsum(0) - 1  # (T,): 0 .. S-1
+        token = torch.arange(indices.numel(), device=indices.device)
+        offset = token - starts.nonzero().squeeze(1)[sequence_index]  # k-th token of its sequence
+        lengths = torch.bincount(sequence_index)  # (S,)
+        max_length = int(lengths.max())
+        attention_mask = torch.arange(max_length, device=indices.device) < lengths[:, None]  # (S, L_max)
+        return cls(indices, (batch_size, seq_len), sequence_index * max_length + offset, attention_mask)
 
     def unpad(self, padded: torch.Tensor) -> torch.Tensor:
-        """(B, L, ...) -> (1, T, ...): the real tokens' rows."""
-        return padded.reshape(self.batch_size * self.seq_len, *padded.shape[2:])[self.indices].unsqueeze(0)
+        """(B, L, ...) in the input layout -> (1, T, ...): the real tokens' rows."""
+        return padded.reshape(-1, *padded.shape[2:])[self.indices].unsqueeze(0)
 
     def pad(self, unpadded: torch.Tensor) -> torch.Tensor:
-        """(1, T, ...) -> (B, L, ...), zeros at padding."""
-        rows = unpadded.new_zeros(self.batch_size * self.seq_len, *unpadded.shape[2:])
-        return rows.index_copy(0, self.indices, unpadded[0]).view(self.batch_size, self.seq_len, *unpadded.shape[2:])
+        """(1, T, ...) -> (B, L, ...) in the input layout, zeros at padding."""
+        rows = unpadded.new_zeros(self.input_shape[0] * self.input_shape[1], *unpadded.shape[2:])
+        return rows.index_copy(0, self.indices, unpadded[0]).view(*self.input_shape, *unpadded.shape[2:])
+
+    def to_attention_layout(self, unpadded: torch.Tensor) -> torch.Tensor:
+        """(1, T, ...) -> (S, L_max, ...), one sequence per row, zeros after each sequence's end."""
+        shape = self.attention_mask.shape
+        rows = unpadded.new_zeros(shape[0] * shape[1], *unpadded.shape[2:])
+        return rows.index_copy(0, self.attention_indices, unpadded[0]).view(*shape, *unpadded.shape[2:])
+
+    def from_attention_layout(self, laid_out: torch.Tensor) -> torch.Tensor:
+        """(S, L_max, ...) -> (1, T, ...): the real tokens' rows, in input order."""
+        return laid_out.reshape(-1, *laid_out.shape[2:])[self.attention_indices].unsqueeze(0)
 
 
 class SeqBertAttention(nn.Module):
     """
-    What self- and cross-attention share: head sizes, the output projection, and the dispatch of scaled dot-product
-    attention through the transformers attention interface (`config._attn_implementation`: "eager", "sdpa"
-    (default), "flash_attention_2", "flex_attention"). Subclasses make the queries, keys and values.
+    Multi-head scaled dot-product attention with BERT's separate query, key and value projections (named as in
+    BERT, so recipes that adapt `["query", "value"]`, such as PEFT's LoRA default for BERT, apply unchanged) and an
+    output projection. The attention itself goes through the transformers attention interface
+    (`config._attn_implementation`: "eager", "sdpa" (default), "flash_attention_2", "flex_attention").
+    `SeqBertSelfAttention` and `SeqBertCrossAttention` decide where keys and values come from.
     """
 
     def __init__(self, config: SeqBertConfig, layer_idx: int | None, is_causal: bool):
@@ -231,7 +287,16 @@ class SeqBertAttention(nn.Module):
         self.attention_dropout = config.attention_probs_dropout_prob
         # The sdpa integration reads `module.is_causal` (default True): bidirectional attention must say False.
         self.is_causal = is_causal
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.out_proj = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def _split_heads(self, projected: torch.Tensor, unpadded: UnpaddedBatch | None = None) -> torch.Tensor:
+        """(B, L, H) -> (B, N, L, D); with `unpadded`, (1, T, H) -> (S, N, L_max, D) in the attention layout."""
+        if unpadded is not None:
+            projected = unpadded.to_attention_layout(projected)  # (S, L_max, H), zeros after each sequence
+        return projected.view(*projected.shape[:-1], self.num_heads, self.head_dim).transpose(1, 2)
 
     def _attend(
         self,
@@ -259,19 +324,15 @@ class SeqBertAttention(nn.Module):
         )  # (B, L, N, D)
         attn_output = attn_output.reshape(*attn_output.shape[:2], -1)  # (B, L, H)
         if unpadded is not None:
-            attn_output = unpadded.unpad(attn_output)  # (1, T, H)
+            attn_output = unpadded.from_attention_layout(attn_output)  # (1, T, H)
         return self.out_proj(attn_output), attn_weights
 
 
 class SeqBertSelfAttention(SeqBertAttention):
-    """
-    Multi-head self-attention with one fused Q/K/V projection. Bidirectional in the encoder; causal, with a
-    key/value cache, in the decoder.
-    """
+    """Multi-head self-attention. Bidirectional in the encoder; causal, with a key/value cache, in decoders."""
 
     def __init__(self, config: SeqBertConfig, layer_idx: int | None = None, is_causal: bool = False):
         super().__init__(config, layer_idx, is_causal)
-        self.qkv_proj = nn.Linear(config.hidden_size, 3 * config.hidden_size)
 
     def forward(
         self,
@@ -282,15 +343,12 @@ class SeqBertSelfAttention(SeqBertAttention):
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B, L, H) -> `(output (B, L, H), attention weights (B, N, L, L_total) or None)`. With `past_key_values`
-        (decoder, generation), this step's keys/values are appended to the self-attention cache first. With
-        `unpadded` (encoder fast path), input and output are (1, T, H) over the real tokens: the fused projection
-        runs on those only, and the queries/keys/values are laid out as (B, L) just for the attention itself."""
-        qkv = self.qkv_proj(hidden_states)  # (B, L, 3H), or (1, T, 3H) unpadded
-        if unpadded is not None:
-            qkv = unpadded.pad(qkv)  # (B, L, 3H), zeros at padding (masked out as keys, dropped as queries)
-        input_shape = qkv.shape[:-1]  # (B, L)
-        qkv = qkv.view(*input_shape, 3, self.num_heads, self.head_dim)  # (B, L, 3, N, D)
-        query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, N, L, D)
+        (decoders, generation), this step's keys/values are appended to the self-attention cache first. With
+        `unpadded` (encoder fast path), input and output are (1, T, H) over the real tokens: the projections run on
+        those only, and queries/keys/values are laid out one sequence per row just for the attention itself."""
+        query, key, value = (
+            self._split_heads(projection(hidden_states), unpadded) for projection in (self.query, self.key, self.value)
+        )  # 3 x (B, N, L, D)
         if past_key_values is not None:
             cache = (
                 past_key_values.self_attention_cache
@@ -304,14 +362,12 @@ class SeqBertSelfAttention(SeqBertAttention):
 class SeqBertCrossAttention(SeqBertAttention):
     """
     Decoder-to-encoder multi-head attention ("Attention Is All You Need" §3.2.3): queries from the decoder, keys and
-    values (one fused projection) from the encoder output. During generation the encoder keys/values are computed on
-    the first step and read back from the cross-attention cache afterwards.
+    values from the encoder output. During generation the encoder keys/values are computed on the first step and
+    read back from the cross-attention cache afterwards.
     """
 
     def __init__(self, config: SeqBertConfig, layer_idx: int | None = None):
         super().__init__(config, layer_idx, is_causal=False)
-        self.q_proj = nn.Linear(config.hidden_size, config.hidden_size)
-        self.kv_proj = nn.Linear(config.hidden_size, 2 * config.hidden_size)
 
     def forward(
         self,
@@ -322,16 +378,13 @@ class SeqBertCrossAttention(SeqBertAttention):
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Decoder states (B, L, H) and encoder states (B, S, H) -> `(output (B, L, H), weights (B, N, L, S) or None)`."""
-        input_shape = hidden_states.shape[:-1]  # (B, L)
-        query = (
-            self.q_proj(hidden_states).view(*input_shape, self.num_heads, self.head_dim).transpose(1, 2)
-        )  # (B, N, L, D)
+        query = self._split_heads(self.query(hidden_states))  # (B, N, L, D)
         if past_key_values is not None and past_key_values.is_updated.get(self.layer_idx):
             cached = past_key_values.cross_attention_cache.layers[self.layer_idx]
             key, value = cached.keys, cached.values  # 2 x (B, N, S, D), computed on the first step
         else:
-            kv_shape = (*encoder_hidden_states.shape[:-1], 2, self.num_heads, self.head_dim)  # (B, S, 2, N, D)
-            key, value = self.kv_proj(encoder_hidden_states).view(kv_shape).permute(2, 0, 3, 1, 4).unbind(0)
+            key = self._split_heads(self.key(encoder_hidden_states))  # (B, N, S, D)
+            value = self._split_heads(self.value(encoder_hidden_states))
             if past_key_values is not None:
                 key, value = past_key_values.cross_attention_cache.update(key, value, self.layer_idx)
                 past_key_values.is_updated[self.layer_idx] = True
@@ -364,11 +417,12 @@ class SeqBertMLP(nn.Module):
 
 
 class SeqBertLayer(GradientCheckpointingLayer):
-    """Parameters of one encoder layer. Use `SeqBertPreNormLayer` or `SeqBertPostNormLayer`, which add `forward`."""
+    """Parameters of one self-attention + feed-forward layer: bidirectional in the encoder, causal (`is_causal`) in
+    the causal LM. Use `SeqBertPreNormLayer` or `SeqBertPostNormLayer`, which add `forward`."""
 
-    def __init__(self, config: SeqBertConfig, layer_idx: int | None = None):
+    def __init__(self, config: SeqBertConfig, layer_idx: int | None = None, is_causal: bool = False):
         super().__init__()
-        self.attention = SeqBertSelfAttention(config, layer_idx=layer_idx)
+        self.attention = SeqBertSelfAttention(config, layer_idx=layer_idx, is_causal=is_causal)
         self.attention_dropout = nn.Dropout(config.hidden_dropout_prob)
         self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.mlp = SeqBertMLP(config)
@@ -530,10 +584,14 @@ class SeqBertLMHead(nn.Module):
 IGNORE_INDEX = -100
 
 
-def _reads_values() -> bool:
-    """Whether checks may read tensor contents (ids within range). Reading them costs one host sync per tensor and
-    would break a `torch.compile` graph, so while compiling or tracing only types and shapes are checked."""
-    return not (torch.compiler.is_compiling() or torch.jit.is_tracing())
+def _eager_execution() -> bool:
+    """Whether the forward runs eagerly, so it may read tensor values on the host: not while `torch.compile`,
+    `torch.export` or `torch.jit` trace it, nor while a CUDA graph is captured. Reading values (ids within range,
+    where the real tokens are) costs one host sync each and would break a traced graph, so traced code checks only
+    types and shapes and takes the padded path."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return False
+    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
 def check_tensor(name: str, value, kind: str, ndims: tuple[int, ...], meaning: str) -> None:
@@ -571,9 +629,9 @@ def check_ids_in_range(
     """
     Raise `ValueError` unless every value of the integer tensor `ids` lies in `[0, high)` (`[0, inf)` when `high` is
     None), or equals `IGNORE_INDEX` with `ignore_index`. One host sync; skipped while compiling or tracing (see
-    `_reads_values`).
+    `_eager_execution`).
     """
-    if not _reads_values() or ids.numel() == 0:
+    if not _eager_execution() or ids.numel() == 0:
         return
     limit = torch.iinfo(torch.int64).max if high is None else high
     low_value, high_value = torch.stack(torch.aminmax(ids)).tolist()
@@ -649,7 +707,7 @@ def _check_encoder_inputs(
         check_shape("token_type_ids", token_type_ids, (batch_size, seq_len), f"like {name}", broadcast=True)
         if config.type_vocab_size > 0:
             check_ids_in_range("token_type_ids", token_type_ids, config.type_vocab_size, "type_vocab_size")
-        elif _reads_values() and bool(token_type_ids.any()):
+        elif _eager_execution() and bool(token_type_ids.any()):
             raise ValueError(
                 "token_type_ids holds non-zero segment ids, but the model has no segment embeddings "
                 "(type_vocab_size=0): drop token_type_ids"
@@ -665,6 +723,64 @@ def _check_encoder_inputs(
         check_ids_in_range("input_ids", input_ids, config.vocab_size, "vocab_size")
 
 
+def packed_sequence_ids(
+    config: SeqBertConfig,
+    input_ids: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    kwargs: dict,
+) -> torch.Tensor | None:
+    """
+    Which sequence each token belongs to when rows are packed (several sequences in one row, as
+    `DataCollatorWithFlattening` builds them): a `(B, L)` integer tensor whose value changes along a row where a new
+    sequence starts; None for ordinary rows.
+
+    The boundaries come from `cu_seq_lens_q` in `kwargs` when given (cumulative lengths over the flattened batch),
+    else from `position_ids`: a step other than +1 along a row starts a new sequence (transformers'
+    `find_packed_sequence_indices`, which returns None when no row restarts, and always returns the ids when traced).
+
+    Raises:
+        TypeError: `cu_seq_lens_q` is not an integer tensor.
+        ValueError: `cu_seq_lens_q` is not 1-D, or does not run from 0 to the number of tokens B * L; packed rows
+            under flash-attention without `cu_seq_lens_q` (transformers' flash path reads the boundaries only there).
+    """
+    batch_size, seq_len = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+    cu_seq_lens = kwargs.get("cu_seq_lens_q")
+    if cu_seq_lens is not None:
+        check_tensor("cu_seq_lens_q", cu_seq_lens, "integer", (1,), "(num_sequences + 1,)")
+        if _eager_execution():
+            first, last = cu_seq_lens[[0, -1]].tolist()
+            if first != 0 or last != batch_size * seq_len:
+                raise ValueError(
+                    f"cu_seq_lens_q runs from {first} to {last}, but it must run from 0 to the number of tokens "
+                    f"{batch_size * seq_len} (batch_size {batch_size} x sequence_length {seq_len})"
+                )
+        tokens = torch.arange(batch_size * seq_len, device=cu_seq_lens.device)
+        return torch.searchsorted(cu_seq_lens[1:].long(), tokens, right=True).view(batch_size, seq_len)
+    if position_ids is None:
+        return None
+    sequence_ids = find_packed_sequence_indices(position_ids)
+    if config._attn_implementation.startswith("flash"):
+        if sequence_ids is not None and _eager_execution():
+            raise ValueError(
+                "position_ids restart inside a row (packed sequences), but flash-attention reads sequence "
+                "boundaries only from cu_seq_lens_q/cu_seq_lens_k: pass them (DataCollatorWithFlattening("
+                "return_flash_attn_kwargs=True)), or use attn_implementation='sdpa' or 'eager'"
+            )
+        return None
+    return None if sequence_ids is None else sequence_ids.expand(batch_size, seq_len)
+
+
+# How SeqBertDecoder's arguments are named in messages: as SeqBertForConditionalGeneration.forward calls them (with
+# cross-attention), or as SeqBertForCausalLM.forward does (without).
+DECODER_ARGUMENT_NAMES = {
+    True: dict(
+        ids="decoder_input_ids", embeds="decoder_inputs_embeds", mask="decoder_attention_mask", length="target_length"
+    ),
+    False: dict(ids="input_ids", embeds="inputs_embeds", mask="attention_mask", length="sequence_length"),
+}
+
+
 def _check_decoder_inputs(
     config: SeqBertConfig,
     input_ids: torch.Tensor | None,
@@ -672,38 +788,63 @@ def _check_decoder_inputs(
     encoder_hidden_states: torch.Tensor | None,
     encoder_attention_mask: torch.Tensor | None,
     inputs_embeds: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    token_type_ids: torch.Tensor | None,
     past_length: int,
+    cross_attention: bool,
 ) -> None:
-    """The checks of `SeqBertDecoder.forward`, naming the arguments as `SeqBertForConditionalGeneration.forward`
-    calls them (`decoder_input_ids`, ...)."""
+    """The checks of `SeqBertDecoder.forward`, naming the arguments as the model that calls it does
+    (`DECODER_ARGUMENT_NAMES`); `encoder_hidden_states` are required with `cross_attention`."""
+    names = DECODER_ARGUMENT_NAMES[cross_attention]
     batch_size, seq_len, name = _check_ids_or_embeds(
-        config, input_ids, inputs_embeds, "decoder_input_ids", "decoder_inputs_embeds", "target_length"
+        config, input_ids, inputs_embeds, names["ids"], names["embeds"], names["length"]
     )
     total = past_length + seq_len
-    if config.position_embedding_type == "learned" and total > config.max_position_embeddings:
+    learned = config.position_embedding_type == "learned"
+    if position_ids is not None:
+        check_tensor("position_ids", position_ids, "integer", (2,), f"(batch_size, {names['length']})")
+        check_shape("position_ids", position_ids, (batch_size, seq_len), f"like {name}", broadcast=True)
+        limit = config.max_position_embeddings if learned else None
+        check_ids_in_range("position_ids", position_ids, limit, "max_position_embeddings")
+    elif learned and total > config.max_position_embeddings:
         raise ValueError(
             f"the decoder reached position {total - 1} ({past_length} cached + {seq_len} new tokens), but the learned "
             f"position embeddings cover max_position_embeddings={config.max_position_embeddings} positions: shorten "
-            "the target (or max_length / max_new_tokens of generate)"
+            f"the {names['length'].replace('_', ' ')} (or max_length / max_new_tokens of generate)"
         )
+    if token_type_ids is not None:
+        check_tensor("token_type_ids", token_type_ids, "integer", (2,), f"(batch_size, {names['length']})")
+        check_shape("token_type_ids", token_type_ids, (batch_size, seq_len), f"like {name}", broadcast=True)
+        check_ids_in_range("token_type_ids", token_type_ids, max(config.type_vocab_size, 1), "type_vocab_size")
     if attention_mask is not None:
-        check_tensor("decoder_attention_mask", attention_mask, "any", (2,), "(batch_size, past + target_length)")
-        check_shape("decoder_attention_mask", attention_mask, (batch_size, total), "(batch_size, past + target_length)")
-    if encoder_hidden_states is None:
-        raise ValueError("the decoder needs encoder_hidden_states (encoder_outputs): it attends to the source")
-    check_tensor("encoder_hidden_states", encoder_hidden_states, "float", (3,), "(batch_size, source_length, H)")
-    source_length = encoder_hidden_states.shape[1]
-    check_shape(
-        "encoder_hidden_states",
-        encoder_hidden_states,
-        (batch_size, source_length, config.hidden_size),
-        f"(the {name} batch size, source_length, hidden_size)",
-    )
-    if encoder_attention_mask is not None:
-        check_tensor("attention_mask", encoder_attention_mask, "any", (2,), "(batch_size, source_length)")
-        check_shape("attention_mask", encoder_attention_mask, (batch_size, source_length), "like the source")
+        meaning = f"(batch_size, past + {names['length']})"
+        check_tensor(names["mask"], attention_mask, "any", (2, 4), meaning)
+        if attention_mask.dim() == 2:
+            check_shape(names["mask"], attention_mask, (batch_size, total), meaning)
+        elif attention_mask.shape[-1] < total:
+            raise ValueError(
+                f"{names['mask']} is a prepared 4D mask over {attention_mask.shape[-1]} key positions, but the decoder "
+                f"attends to {total} ({past_length} cached + {seq_len} new)"
+            )
+        else:
+            expected = (batch_size, 1, seq_len, attention_mask.shape[-1])
+            check_shape(names["mask"], attention_mask, expected, "(4D mask)", broadcast=True)
+    if cross_attention:
+        if encoder_hidden_states is None:
+            raise ValueError("the decoder needs encoder_hidden_states (encoder_outputs): it attends to the source")
+        check_tensor("encoder_hidden_states", encoder_hidden_states, "float", (3,), "(batch_size, source_length, H)")
+        source_length = encoder_hidden_states.shape[1]
+        check_shape(
+            "encoder_hidden_states",
+            encoder_hidden_states,
+            (batch_size, source_length, config.hidden_size),
+            f"(the {name} batch size, source_length, hidden_size)",
+        )
+        if encoder_attention_mask is not None:
+            check_tensor("attention_mask", encoder_attention_mask, "any", (2,), "(batch_size, source_length)")
+            check_shape("attention_mask", encoder_attention_mask, (batch_size, source_length), "like the source")
     if input_ids is not None:
-        check_ids_in_range("decoder_input_ids", input_ids, config.vocab_size, "vocab_size")
+        check_ids_in_range(names["ids"], input_ids, config.vocab_size, "vocab_size")
 
 
 def check_labels(
@@ -757,6 +898,8 @@ class SeqBertPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     _supports_attention_backend = True
     _can_record_outputs = {"hidden_states": SeqBertLayer, "attentions": SeqBertSelfAttention}
+    # What `from_bert_pretrained` converts a BERT checkpoint into (see `convert_bert.load_bert_as_seqbert_state_dict`).
+    _bert_conversion_target = "encoder"
 
     def __init__(self, config: SeqBertConfig, *inputs, **kwargs):
         """
@@ -779,6 +922,35 @@ class SeqBertPreTrainedModel(PreTrainedModel):
             init.ones_(module.weight)
             init.zeros_(module.bias)
 
+    def resize_token_embeddings(
+        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Embedding:
+        """
+        `PreTrainedModel.resize_token_embeddings`: every word embedding matrix of the model, its tied LM head and
+        `config.vocab_size` change together (for seq2seq, encoder and decoder side alike).
+
+        Raises:
+            TypeError: `new_num_tokens` or `pad_to_multiple_of` is not an int.
+            ValueError: the new size is below 1, or would drop a special token id of the config (`pad_token_id`,
+                `bos_token_id`, `eos_token_id`, `decoder_start_token_id`); nothing is resized then.
+        """
+        for name, value in (("new_num_tokens", new_num_tokens), ("pad_to_multiple_of", pad_to_multiple_of)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"{name} must be an int or None, got {value!r} of type {type(value).__name__}")
+        size = self.config.vocab_size if new_num_tokens is None else new_num_tokens
+        if pad_to_multiple_of is not None and pad_to_multiple_of > 0:
+            size = math.ceil(size / pad_to_multiple_of) * pad_to_multiple_of
+        if size < 1:
+            raise ValueError(f"new_num_tokens ({new_num_tokens}) must be >= 1")
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+            token_id = getattr(self.config, name, None)
+            if token_id is not None and token_id >= size:
+                raise ValueError(
+                    f"new_num_tokens ({new_num_tokens}) would drop {name} ({token_id}): the vocabulary must keep ids "
+                    f"up to {token_id}; change config.{name} first, or keep at least {token_id + 1} tokens"
+                )
+        return super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, use_safetensors: bool | None = None, **kwargs):
         """
@@ -795,8 +967,9 @@ class SeqBertPreTrainedModel(PreTrainedModel):
 
         Raises:
             ValueError: `pretrained_model_name_or_path` is a local folder or file with only pickled weights and
-                `use_safetensors` is not `False`; or parameters of the checkpoint have another shape than the model's
-                and `ignore_mismatched_sizes` is not `True`.
+                `use_safetensors` is not `False`.
+            MismatchedSizesError: (a `RuntimeError`, as transformers raises there, and a `ValueError`) parameters
+                of the checkpoint have another shape than the model's and `ignore_mismatched_sizes` is not `True`.
             OSError: the repository has no safetensors weights (the message says how to opt in to `.bin`);
                 `config.json`, the weight index or a weights file is truncated or corrupt, or a shard named by the
                 index is missing (the message names the file and says to re-download it or save it again); or
@@ -878,8 +1051,8 @@ class SeqBertPreTrainedModel(PreTrainedModel):
             ValueError: the checkpoint is not a BERT checkpoint (the message names the model_type found and what is
                 allowed; a SeqBERT checkpoint is pointed to `from_pretrained`), or has no weights file (or only
                 pickled ones and `use_safetensors` is not `False`); a config override changes a parameter shape
-                (`hidden_size`, `intermediate_size`, `vocab_size`, ...) and `ignore_mismatched_sizes` is not `True`;
-                parameters outside the allowed parts above are missing from the checkpoint (e.g. `num_hidden_layers`
+                (`hidden_size`, `intermediate_size`, `vocab_size`, ...) and `ignore_mismatched_sizes` is not `True`
+                (a `MismatchedSizesError`, also a `RuntimeError`); parameters outside the allowed parts above are missing from the checkpoint (e.g. `num_hidden_layers`
                 above the checkpoint's, or an incomplete checkpoint); or a seq2seq warm start has no tokenizer and no
                 `decoder_start_token_id=`/`eos_token_id=`.
             OSError: the name or folder cannot be resolved, or `config.json`, the weight index or a weights file is
@@ -894,7 +1067,7 @@ class SeqBertPreTrainedModel(PreTrainedModel):
         config, state_dict = load_bert_as_seqbert_state_dict(
             pretrained_model_name_or_path,
             config_overrides=kwargs,
-            seq2seq=issubclass(cls, GenerationMixin),
+            target=cls._bert_conversion_target,
             use_safetensors=use_safetensors,
             **hub_kwargs,
         )
@@ -925,6 +1098,8 @@ class SeqBertPreTrainedModel(PreTrainedModel):
                 source = None
             if source is not None:
                 model.generation_config.update(**source.to_diff_dict())
+        # Where the weights came from, as `from_pretrained` records it (PEFT's adapter config reads it, for one).
+        model.name_or_path = model.config._name_or_path = str(pretrained_model_name_or_path)
         return (model, loading_info) if output_loading_info else model
 
 
@@ -965,19 +1140,6 @@ class SeqBertModel(SeqBertPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embeddings.word_embeddings = value
 
-    def _unpadded_batch(self, attention_mask: torch.Tensor | None, kwargs: dict) -> UnpaddedBatch | None:
-        """The real tokens' positions when the unpadded fast path applies: sdpa attention, a (B, L) mask with some
-        padding, and no per-layer outputs requested (those are recorded in the padded layout). Else None: the
-        padded path, which `attn_implementation="eager"` always takes as the readable reference."""
-        if attention_mask is None or attention_mask.dim() != 2 or self.config._attn_implementation != "sdpa":
-            return None
-        for name in ("output_hidden_states", "output_attentions"):
-            if kwargs.get(name, getattr(self.config, name, False)):
-                return None
-        if bool(attention_mask.all()):
-            return None
-        return UnpaddedBatch.from_mask(attention_mask)
-
     @capture_outputs
     def forward(
         self,
@@ -994,26 +1156,34 @@ class SeqBertModel(SeqBertPreTrainedModel):
             attention_mask (`torch.Tensor` of shape `(B, L)`, *optional*): 1 for real tokens, 0 for padding.
             token_type_ids (`torch.LongTensor` of shape `(B, L)`, *optional*): segment ids in `[0, type_vocab_size)`;
                 defaults to 0.
-            position_ids (`torch.LongTensor` of shape `(B, L)`, *optional*): defaults to `0 .. L-1`.
+            position_ids (`torch.LongTensor` of shape `(B, L)`, *optional*): defaults to `0 .. L-1`. Positions that
+                restart (a step other than +1 along a row) start a new sequence: packed rows, as
+                `DataCollatorWithFlattening` builds them, attend only within each sequence.
             inputs_embeds (`torch.Tensor` of shape `(B, L, H)`, *optional*): instead of `input_ids`.
+            cu_seq_lens_q (`torch.IntTensor` of shape `(S + 1,)`, *optional*): cumulative sequence lengths over the
+                flattened batch (`DataCollatorWithFlattening(return_flash_attn_kwargs=True)`); when given, they mark
+                the sequence boundaries instead of `position_ids`.
             output_hidden_states, output_attentions, return_dict: as in every transformers model.
 
         Returns:
-            `BaseModelOutputWithPooling`: `last_hidden_state` (B, L, H) float (zeros at padding positions when the
-            unpadded sdpa path ran; the eager reference computes them as BERT does), `pooler_output` (B, H) or None,
+            `BaseModelOutputWithPooling`: `last_hidden_state` (B, L, H) float, `pooler_output` (B, H) or None,
             `hidden_states` (num_hidden_layers + 1 tensors of (B, L, H)) and `attentions` (num_hidden_layers tensors
-            of (B, N, L, L); eager attention only) on request.
+            of (B, N, L, L); eager attention only) on request. With sdpa (the default) `last_hidden_state` is zero
+            at padding positions, whichever path ran (unpadded, or padded when traced or when per-layer outputs
+            are requested); the eager reference computes them as BERT does.
 
         Raises:
             TypeError: an argument is not a tensor, ids are not integers, or `inputs_embeds` is not floating-point.
             ValueError: both or neither of `input_ids` and `inputs_embeds`; an empty batch or sequence; a sequence
                 longer than `max_position_embeddings` with learned positions; `attention_mask`, `token_type_ids` or
                 `position_ids` shaped unlike the input; ids outside `[0, vocab_size)`, segment ids outside
-                `[0, type_vocab_size)`, negative positions (or beyond `max_position_embeddings` when learned).
-                Value checks are skipped under `torch.compile` and tracing.
+                `[0, type_vocab_size)`, negative positions (or beyond `max_position_embeddings` when learned);
+                `cu_seq_lens_q` that does not cover the batch; packed rows without `cu_seq_lens_q` under
+                flash-attention. Value checks are skipped under `torch.compile` and tracing.
         """
         _check_encoder_inputs(self.config, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-        unpadded = self._unpadded_batch(attention_mask, kwargs)
+        sequence_ids = packed_sequence_ids(self.config, input_ids, inputs_embeds, position_ids, kwargs)
+        unpadded = self._unpadded_batch(attention_mask, sequence_ids, kwargs)
         if unpadded is None:
             embedding_output = self.embeddings(
                 input_ids=input_ids,
@@ -1021,30 +1191,56 @@ class SeqBertModel(SeqBertPreTrainedModel):
                 position_ids=position_ids,
                 inputs_embeds=inputs_embeds,
             )  # (B, L, H)
-            # One mask per forward, in the format the attention backend wants (None when nothing is masked).
-            attention_mask = create_bidirectional_mask(
-                config=self.config, inputs_embeds=embedding_output, attention_mask=attention_mask
+            # One mask per forward, in the format the attention backend wants (None when nothing is masked); packed
+            # rows add a block-diagonal constraint (each token attends within its own sequence).
+            mask = create_bidirectional_mask(
+                config=self.config,
+                inputs_embeds=embedding_output,
+                attention_mask=attention_mask,
+                and_mask_function=None if sequence_ids is None else packed_sequence_mask_function(sequence_ids),
             )
-            sequence_output = self.encoder(embedding_output, attention_mask, **kwargs)  # (B, L, H)
+            sequence_output = self.encoder(embedding_output, mask, **kwargs)  # (B, L, H)
+            if self.config._attn_implementation == "sdpa" and attention_mask is not None and attention_mask.dim() == 2:
+                # Padding positions hold zeros, as on the unpadded path, so traced and eager runs agree everywhere.
+                sequence_output = sequence_output * attention_mask[:, :, None].to(sequence_output.dtype)
         else:
             # Fast path: only the T real tokens go through embeddings, projections, feed-forward and LayerNorms.
-            batch_size, seq_len = unpadded.batch_size, unpadded.seq_len
+            batch_size, seq_len = unpadded.input_shape
             if position_ids is None:
-                position_ids = torch.arange(seq_len, device=attention_mask.device).expand(batch_size, seq_len)
+                position_ids = torch.arange(seq_len, device=unpadded.indices.device)
             embedding_output = self.embeddings(
                 input_ids=None if input_ids is None else unpadded.unpad(input_ids),
                 token_type_ids=None if token_type_ids is None else unpadded.unpad(token_type_ids),
                 position_ids=unpadded.unpad(position_ids.expand(batch_size, seq_len)),
                 inputs_embeds=None if inputs_embeds is None else unpadded.unpad(inputs_embeds),
             )  # (1, T, H)
-            attention_mask = create_bidirectional_mask(
+            num_sequences, max_length = unpadded.attention_mask.shape
+            mask = create_bidirectional_mask(
                 config=self.config,
-                inputs_embeds=embedding_output.new_zeros(()).expand(batch_size, seq_len, embedding_output.shape[-1]),
-                attention_mask=attention_mask,
-            )
-            sequence_output = unpadded.pad(self.encoder(embedding_output, attention_mask, unpadded=unpadded, **kwargs))
+                inputs_embeds=embedding_output.new_zeros(()).expand(num_sequences, max_length, 1),
+                attention_mask=unpadded.attention_mask,
+            )  # for the (S, L_max) attention layout
+            sequence_output = unpadded.pad(self.encoder(embedding_output, mask, unpadded=unpadded, **kwargs))
         pooled_output = self.pooler(sequence_output) if self.pooler is not None else None  # (B, H)
         return BaseModelOutputWithPooling(last_hidden_state=sequence_output, pooler_output=pooled_output)
+
+    def _unpadded_batch(
+        self, attention_mask: torch.Tensor | None, sequence_ids: torch.Tensor | None, kwargs: dict
+    ) -> UnpaddedBatch | None:
+        """The real tokens' layout when the unpadded fast path applies: sdpa attention, eager execution, a (B, L)
+        mask with some padding or packed rows, and no per-layer outputs requested (those are recorded in the
+        padded layout). Else None: the padded path, which `attn_implementation="eager"` always takes as the
+        readable reference, and which `torch.compile` / `torch.export` trace (it has no data-dependent shapes)."""
+        if self.config._attn_implementation != "sdpa" or not _eager_execution():
+            return None
+        if attention_mask is not None and attention_mask.dim() != 2:
+            return None
+        for name in ("output_hidden_states", "output_attentions"):
+            if kwargs.get(name, getattr(self.config, name, False)):
+                return None
+        if sequence_ids is None and (attention_mask is None or bool(attention_mask.all())):
+            return None
+        return UnpaddedBatch.from_mask(attention_mask, sequence_ids)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -1054,22 +1250,36 @@ class SeqBertModel(SeqBertPreTrainedModel):
 
 class SeqBertDecoder(SeqBertPreTrainedModel):
     """
-    The SeqBERT decoder: its own embeddings (word, position, segment 0), `num_decoder_layers` causal layers with
-    cross-attention over the encoder output, and a final LayerNorm when pre-LN. Not registered with an Auto class;
-    `SeqBertForConditionalGeneration.decoder` is one.
+    A SeqBERT decoder stack: its own embeddings (word, position, segment), causal layers with a key/value cache, and
+    a final LayerNorm when pre-LN. Not registered with an Auto class.
+
+    With cross-attention (`SeqBertForConditionalGeneration.decoder`): `num_decoder_layers` layers of causal
+    self-attention -> cross-attention over the encoder output -> feed-forward. Without (`SeqBertForCausalLM.seqbert`,
+    decoder-only, as BERT's `BertLMHeadModel`): `num_hidden_layers` encoder-style layers whose self-attention is
+    causal.
+
+    Args:
+        config (`SeqBertConfig`): model configuration.
+        add_cross_attention (`bool`, defaults to `True`): build cross-attention (seq2seq) or not (causal LM).
     """
 
     _can_record_outputs = {
-        "hidden_states": SeqBertDecoderLayer,
-        "attentions": OutputRecorder(SeqBertSelfAttention, index=1, layer_name="self_attention"),
+        "hidden_states": [SeqBertLayer, SeqBertDecoderLayer],
+        "attentions": SeqBertSelfAttention,
         "cross_attentions": OutputRecorder(SeqBertCrossAttention, index=1),
     }
 
-    def __init__(self, config: SeqBertConfig):
+    def __init__(self, config: SeqBertConfig, add_cross_attention: bool = True):
         super().__init__(config)
+        self.add_cross_attention = add_cross_attention
         self.embeddings = SeqBertEmbeddings(config)
-        layer_class = SEQBERT_DECODER_LAYER_CLASSES[config.norm_placement]
-        self.layers = nn.ModuleList([layer_class(config, layer_idx=i) for i in range(config.num_decoder_layers)])
+        if add_cross_attention:
+            layer_class = SEQBERT_DECODER_LAYER_CLASSES[config.norm_placement]
+            layers = [layer_class(config, layer_idx=i) for i in range(config.num_decoder_layers)]
+        else:
+            layer_class = SEQBERT_LAYER_CLASSES[config.norm_placement]
+            layers = [layer_class(config, layer_idx=i, is_causal=True) for i in range(config.num_hidden_layers)]
+        self.layers = nn.ModuleList(layers)
         self.final_layer_norm = build_final_layer_norm(config)
         self.post_init()
 
@@ -1086,28 +1296,35 @@ class SeqBertDecoder(SeqBertPreTrainedModel):
         attention_mask: torch.Tensor | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
+        past_key_values: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         r"""
         Args:
-            input_ids (`torch.LongTensor` of shape `(B, L)`): decoder token ids (the new ones only, when a cache is given).
-            attention_mask (`torch.Tensor` of shape `(B, L_past + L)`, *optional*): 1 for real decoder tokens.
-            encoder_hidden_states (`torch.Tensor` of shape `(B, S, H)`): the encoder output.
+            input_ids (`torch.LongTensor` of shape `(B, L)`): token ids (the new ones only, when a cache is given).
+            attention_mask (`torch.Tensor`, *optional*): `(B, L_past + L)`, 1 for real tokens; or a prepared 4D mask
+                `(B, 1, L, L_cache)` (what `generate` passes with a static cache).
+            encoder_hidden_states (`torch.Tensor` of shape `(B, S, H)`): the encoder output (cross-attention only).
             encoder_attention_mask (`torch.Tensor` of shape `(B, S)`, *optional*): 1 for real source tokens.
-            past_key_values (`EncoderDecoderCache`, *optional*): created here when `use_cache` and none is given.
+            past_key_values (`Cache`, *optional*): an `EncoderDecoderCache` (cross-attention) or a self-attention
+                cache; a dynamic one is created here when `use_cache` and none is given.
             inputs_embeds (`torch.Tensor` of shape `(B, L, H)`, *optional*): instead of `input_ids`.
+            position_ids (`torch.LongTensor` of shape `(B, L)`, *optional*): defaults to `L_past .. L_past + L - 1`
+                (`generate` passes them for left-padded prompts).
+            token_type_ids (`torch.LongTensor` of shape `(B, L)`, *optional*): segment ids; default 0.
             use_cache (`bool`, *optional*): defaults to `config.use_cache`.
 
         Returns:
             `BaseModelOutputWithPastAndCrossAttentions` with `last_hidden_state` (B, L, H) and `past_key_values`.
 
         Raises:
-            TypeError, ValueError: both or neither of `input_ids` / `inputs_embeds`, no `encoder_hidden_states`, masks
-                or encoder states shaped unlike the inputs, ids outside `[0, vocab_size)`, or (learned positions)
-                more than `max_position_embeddings` positions in all.
+            TypeError, ValueError: both or neither of `input_ids` / `inputs_embeds`; no `encoder_hidden_states` with
+                cross-attention; masks, positions or encoder states shaped unlike the inputs; ids outside
+                `[0, vocab_size)`; or (learned positions) positions beyond `max_position_embeddings`.
         """
         use_cache = self.config.use_cache if use_cache is None else use_cache
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
@@ -1118,20 +1335,30 @@ class SeqBertDecoder(SeqBertPreTrainedModel):
             encoder_hidden_states,
             encoder_attention_mask,
             inputs_embeds,
+            position_ids,
+            token_type_ids,
             past_length,
+            self.add_cross_attention,
         )
         if use_cache and past_key_values is None:
-            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+            past_key_values = DynamicCache(config=self.config)
+            if self.add_cross_attention:
+                past_key_values = EncoderDecoderCache(past_key_values, DynamicCache(config=self.config))
         if inputs_embeds is None:
             inputs_embeds = self.embeddings.word_embeddings(input_ids)  # (B, L, H)
         batch_size, seq_length = inputs_embeds.shape[:2]
-        position_ids = torch.arange(past_length, past_length + seq_length, device=inputs_embeds.device).unsqueeze(0)
-        hidden_states = self.embeddings(inputs_embeds=inputs_embeds, position_ids=position_ids)  # (B, L, H)
+        if position_ids is None:
+            position_ids = torch.arange(past_length, past_length + seq_length, device=inputs_embeds.device).unsqueeze(0)
+        hidden_states = self.embeddings(
+            inputs_embeds=inputs_embeds, position_ids=position_ids, token_type_ids=token_type_ids
+        )  # (B, L, H)
 
-        if attention_mask is None:
-            attention_mask = torch.ones(batch_size, past_length + seq_length, device=inputs_embeds.device)
-        self_attention_cache = past_key_values.self_attention_cache if past_key_values is not None else None
-        # Both masks once per forward, in the format of the configured attention backend.
+        self_attention_cache = (
+            past_key_values.self_attention_cache
+            if isinstance(past_key_values, EncoderDecoderCache)
+            else past_key_values
+        )
+        # The masks once per forward, in the format of the configured attention backend.
         attention_mask = create_causal_mask(
             config=self.config,
             inputs_embeds=hidden_states,
@@ -1139,20 +1366,19 @@ class SeqBertDecoder(SeqBertPreTrainedModel):
             past_key_values=self_attention_cache,
             position_ids=position_ids,
         )
-        encoder_attention_mask = create_bidirectional_mask(
-            config=self.config,
-            inputs_embeds=hidden_states,
-            attention_mask=encoder_attention_mask,
-            encoder_hidden_states=encoder_hidden_states,
-        )
+        cross_attention_inputs = ()
+        if self.add_cross_attention:
+            encoder_attention_mask = create_bidirectional_mask(
+                config=self.config,
+                inputs_embeds=hidden_states,
+                attention_mask=encoder_attention_mask,
+                encoder_hidden_states=encoder_hidden_states,
+            )
+            cross_attention_inputs = (encoder_hidden_states, encoder_attention_mask)
         for layer in self.layers:
+            # Positional arguments, for gradient checkpointing.
             hidden_states = layer(
-                hidden_states,
-                attention_mask,
-                encoder_hidden_states,  # positional, for gradient checkpointing
-                encoder_attention_mask=encoder_attention_mask,
-                past_key_values=past_key_values,
-                **kwargs,
+                hidden_states, attention_mask, *cross_attention_inputs, past_key_values=past_key_values, **kwargs
             )
         return BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=self.final_layer_norm(hidden_states),
@@ -1312,7 +1538,7 @@ class SeqBertForSequenceClassification(SeqBertPreTrainedModel):
                 )
         else:
             check_shape("labels", labels, (batch_size, num_labels), f"({problem_type}: one value per class)")
-        if problem_type == "multi_label_classification" and _reads_values():
+        if problem_type == "multi_label_classification" and _eager_execution():
             if not bool(((labels >= 0) & (labels <= 1)).all()):
                 raise ValueError("labels of multi-label classification must be multi-hot targets in [0, 1]")
         return labels.float()
@@ -1516,6 +1742,107 @@ class SeqBertForMultipleChoice(SeqBertPreTrainedModel):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# Causal language model (decoder-only)
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+class SeqBertForCausalLM(SeqBertPreTrainedModel, GenerationMixin):
+    """
+    Decoder-only SeqBERT (`AutoModelForCausalLM`), BERT's `BertLMHeadModel` as a model of its own: embeddings,
+    `num_hidden_layers` layers of causal self-attention and feed-forward (pre- or post-LN), a key/value cache for
+    `generate`, and BERT's LM head tied to the word embeddings. `from_bert_pretrained` loads `BertLMHeadModel`
+    checkpoints with BERT's numbers.
+    """
+
+    _tied_weights_keys = {"lm_head.decoder.weight": "seqbert.embeddings.word_embeddings.weight"}
+    _bert_conversion_target = "causal"
+
+    def __init__(self, config: SeqBertConfig):
+        """Raises `ValueError` on a seq2seq config (`is_encoder_decoder`): use `SeqBertForConditionalGeneration`."""
+        if config.is_encoder_decoder:
+            raise ValueError(
+                "SeqBertForCausalLM is decoder-only, but config.is_encoder_decoder is True: use "
+                "SeqBertForConditionalGeneration (AutoModelForSeq2SeqLM) for a seq2seq config"
+            )
+        super().__init__(config)
+        self.seqbert = SeqBertDecoder(config, add_cross_attention=False)
+        self.lm_head = SeqBertLMHead(config)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.seqbert.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.seqbert.set_input_embeddings(value)
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head.decoder
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        self.lm_head.decoder = new_embeddings
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs,
+    ) -> CausalLMOutputWithCrossAttentions:
+        r"""
+        Inputs as in `SeqBertDecoder.forward` (`input_ids` (B, L), `attention_mask` (B, L_past + L), ...), plus:
+            labels (`torch.LongTensor` of shape `(B, L)`, *optional*): the input ids themselves, -100 where no loss is
+                taken; the loss shifts them one step left (next-token prediction), as BERT's `BertLMHeadModel` does.
+            logits_to_keep (`int` or `torch.Tensor`, *optional*): compute logits only for the last `logits_to_keep`
+                positions (0: all), or for these indices; `generate` asks for the last one.
+
+        Returns:
+            `CausalLMOutputWithCrossAttentions`: `logits` (B, L_kept, V), `loss` (float32 scalar mean cross-entropy
+            over predicted positions, or summed / `num_items_in_batch` under Trainer), `past_key_values`, and on
+            request `hidden_states` and `attentions`.
+
+        Raises:
+            TypeError, ValueError: as `SeqBertDecoder.forward`, and for `labels` not integer, not shaped like the
+                inputs or outside `[0, vocab_size)` (-100 takes no loss).
+        """
+        if labels is not None:
+            use_cache = False
+        outputs = self.seqbert(
+            input_ids,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            position_ids=position_ids,
+            token_type_ids=token_type_ids,
+            use_cache=use_cache,
+            return_dict=True,
+            **kwargs,
+        )
+        hidden_states = outputs.last_hidden_state  # (B, L, H)
+        kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.lm_head(hidden_states[:, kept])  # (B, L_kept, V)
+        loss = None
+        if labels is not None:
+            labels = check_labels(
+                "labels", labels, hidden_states.shape[:2] + (1,), self.config.vocab_size, "vocab_size"
+            )
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        return CausalLMOutputWithCrossAttentions(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # Sequence to sequence
 # ----------------------------------------------------------------------------------------------------------------------
 
@@ -1542,6 +1869,7 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
     """
 
     _tied_weights_keys = {"lm_head.decoder.weight": "decoder.embeddings.word_embeddings.weight"}
+    _bert_conversion_target = "seq2seq"
 
     def __init__(self, config: SeqBertConfig):
         super().__init__(config)
@@ -1555,8 +1883,10 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
             }
         self.post_init()
 
-    def get_encoder(self) -> SeqBertModel:
-        return self.seqbert
+    def get_encoder(self, modality: str | None = None) -> nn.Module:
+        """The text encoder (`self.seqbert`). SeqBERT has no encoder for another `modality` ("image", "video",
+        "audio", which transformers' exporters ask for): then `self`, transformers' answer for "none"."""
+        return self.seqbert if modality is None else self
 
     def get_decoder(self) -> SeqBertDecoder:
         return self.decoder
@@ -1572,6 +1902,18 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
 
     def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
         self.lm_head.decoder = new_embeddings
+
+    def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True) -> nn.Embedding:
+        """transformers resizes the input (encoder) embeddings and the LM head; the decoder's own word embeddings
+        (unless shared with the encoder) are resized here to the same size, so `tie_weights` then ties the LM head
+        to a matrix of the new size."""
+        encoder_embeddings = super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        if not self.config.share_encoder_decoder_embeddings:
+            old = self.decoder.get_input_embeddings()
+            new = self._get_resized_embeddings(old, encoder_embeddings.num_embeddings, mean_resizing=mean_resizing)
+            new.requires_grad_(old.weight.requires_grad)
+            self.decoder.set_input_embeddings(new)
+        return encoder_embeddings
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         """Decoder inputs for teacher forcing (`shift_tokens_right`). Raises `ValueError` when the config has no
@@ -1701,7 +2043,72 @@ SeqBertForSequenceClassification.register_for_auto_class("AutoModelForSequenceCl
 SeqBertForTokenClassification.register_for_auto_class("AutoModelForTokenClassification")
 SeqBertForQuestionAnswering.register_for_auto_class("AutoModelForQuestionAnswering")
 SeqBertForMultipleChoice.register_for_auto_class("AutoModelForMultipleChoice")
+SeqBertForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 SeqBertForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# PEFT: default adapter targets
+# ----------------------------------------------------------------------------------------------------------------------
+
+# PEFT picks the modules an adapter targets by default from tables keyed by `model_type` (`peft.utils.constants`: LoRA
+# adapts BERT's ["query", "value"]). SeqBERT gets BERT's entries under its own names, so `LoraConfig(task_type=...)`
+# without `target_modules` adapts queries and values, as it does for BERT. BERT's "output.dense" matches both the
+# attention output and the feed-forward output; SeqBERT calls them `out_proj` and `down_proj`.
+_BERT_TO_SEQBERT_MODULES = {
+    "query": ["query"],
+    "key": ["key"],
+    "value": ["value"],
+    "output.dense": ["out_proj", "down_proj"],
+}
+
+
+def register_peft_target_modules(constants=None) -> None:
+    """
+    Add `"seqbert"` to every PEFT table of default target modules that has a `"bert"` entry, with SeqBERT's module
+    names for BERT's. Runs by itself when `peft.utils.constants` is imported (or at once, if it already was), so
+    users never call it; calling it again changes nothing.
+
+    Args:
+        constants (module, *optional*): `peft.utils.constants`; imported when None.
+    """
+    if constants is None:
+        import peft.utils.constants as constants
+    for name, table in vars(constants).items():
+        if not (name.startswith("TRANSFORMERS_MODELS_TO_") and isinstance(table, dict)):
+            continue
+        bert_modules = table.get("bert")
+        if isinstance(bert_modules, list) and all(module in _BERT_TO_SEQBERT_MODULES for module in bert_modules):
+            table.setdefault("seqbert", [m for module in bert_modules for m in _BERT_TO_SEQBERT_MODULES[module]])
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs `callback(module)` right after `module_name` is first imported: a post-import hook, which importlib lacks.
+    It finds the real module spec through the other finders and wraps its loader's `exec_module`."""
+
+    def __init__(self, module_name: str, callback: Callable):
+        self.module_name, self.callback = module_name, callback
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.module_name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            exec_module = spec.loader.exec_module
+
+            def exec_then_callback(module):
+                exec_module(module)
+                self.callback(module)
+
+            spec.loader.exec_module = exec_then_callback
+        return spec
+
+
+if "peft.utils.constants" in sys.modules:
+    register_peft_target_modules(sys.modules["peft.utils.constants"])
+elif importlib.util.find_spec("peft") is not None:
+    sys.meta_path.insert(0, _AfterImport("peft.utils.constants", register_peft_target_modules))
 
 __all__ = [
     "SeqBertPreTrainedModel",
@@ -1711,6 +2118,7 @@ __all__ = [
     "SeqBertForTokenClassification",
     "SeqBertForQuestionAnswering",
     "SeqBertForMultipleChoice",
+    "SeqBertForCausalLM",
     "SeqBertForConditionalGeneration",
     "eager_attention_forward",
     "sinusoidal_position_embedding",
