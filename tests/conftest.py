@@ -1,6 +1,7 @@
 """Shared fixtures: tiny configs for every variant, and the real offline weights and text of ../shared/DATA.md."""
 
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import (
     AutoTokenizer,
     BertConfig,
@@ -135,6 +137,22 @@ def _run_script(name: str, output_dir: Path, *args: str) -> Path:
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return output_dir
+
+
+def run_without_seqbert(jobs: list[dict], tmp_path: Path) -> dict[str, torch.Tensor]:
+    """Run `tests/load_without_seqbert.py` on `jobs` in a process where `import seqbert` fails (offline, a fresh
+    dynamic-module cache) and return the tensors it stored."""
+    jobs_path, output_path = tmp_path / "jobs.json", tmp_path / "outputs.safetensors"
+    jobs_path.write_text(json.dumps(jobs))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
+    env.pop("PYTHONPATH", None)
+    command = [sys.executable, str(ROOT / "tests" / "load_without_seqbert.py"), str(jobs_path), str(output_path)]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    # No trust_remote_code prompt and no fallback to a generic config anywhere on the way.
+    assert "Do you wish to run the custom code" not in result.stdout + result.stderr
+    assert "to instantiate a model of type" not in result.stdout + result.stderr
+    return load_file(output_path)
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,8 @@ process can run is the code saved in the folders. Each job of JOBS.json (a list)
   pass on the tensors of the `inputs` safetensors file, and store every tensor field of the output as `name.field`;
 - `{"name", "mode": "generate", "folder", "auto_class", "inputs", "generate_kwargs"}`: `transformers.<auto_class>`
   (`AutoModelForSeq2SeqLM` or `AutoModelForCausalLM`) and `generate`, stored as `name.sequences`;
+- `{"name", "mode": "embed", "folder", "texts"}`: `sentence_transformers.SentenceTransformer` on the folder and
+  `encode(texts)`, stored as `name.embeddings`;
 - `{"name", "mode": "resume", "folder", "checkpoint", "texts", "labels", "max_steps", "output_dir"}`: load the
   classifier from a Trainer checkpoint, resume `Trainer` from it up to `max_steps` and `save_model` to `output_dir`;
   stores the final step as `name.global_step`.
@@ -63,6 +65,14 @@ def generate(job) -> dict[str, torch.Tensor]:
     return {f"{job['name']}.sequences": sequences}
 
 
+def embed(job) -> dict[str, torch.Tensor]:
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(job["folder"], device="cpu", trust_remote_code=True)
+    _check_remote(model[0].auto_model)
+    return {f"{job['name']}.embeddings": model.encode(job["texts"], convert_to_tensor=True)}
+
+
 def resume(job) -> dict[str, torch.Tensor]:
     checkpoint = job["checkpoint"]
     # AutoTokenizer reads config.json through AutoConfig, so it too needs trust_remote_code (else it prompts).
@@ -106,7 +116,8 @@ def main(jobs_path: str, output_path: str) -> None:
         jobs = json.load(f)
     outputs = {}
     for job in jobs:
-        outputs.update({"forward": forward, "generate": generate, "resume": resume}[job["mode"]](job))
+        modes = {"forward": forward, "generate": generate, "embed": embed, "resume": resume}
+        outputs.update(modes[job["mode"]](job))
     save_file({key: value.contiguous() for key, value in outputs.items()}, output_path)
 
 

@@ -7,7 +7,6 @@ an in-process fake Hub (tests/hub_recorder.py): the Hub is unreachable from this
 """
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -15,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, tiny_config
+from conftest import ROOT, run_without_seqbert, tiny_config
 from hub_recorder import record_hub_requests
 from huggingface_hub import ModelCard
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
 import seqbert
@@ -70,20 +69,6 @@ def _inputs(tokenizer, texts, path: Path, **extra) -> dict[str, torch.Tensor]:
     batch.update(extra)
     save_file({k: v.contiguous() for k, v in batch.items()}, path)
     return batch
-
-
-def _run_without_seqbert(jobs: list[dict], tmp_path: Path) -> dict[str, torch.Tensor]:
-    jobs_path, output_path = tmp_path / "jobs.json", tmp_path / "outputs.safetensors"
-    jobs_path.write_text(json.dumps(jobs))
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
-    env.pop("PYTHONPATH", None)
-    command = [sys.executable, str(Path(__file__).parent / "load_without_seqbert.py"), str(jobs_path), str(output_path)]
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    # No trust_remote_code prompt and no fallback to a generic config anywhere on the way.
-    assert "Do you wish to run the custom code" not in result.stdout + result.stderr
-    assert "to instantiate a model of type" not in result.stdout + result.stderr
-    return load_file(output_path)
 
 
 def test_every_head_and_generate_match_in_a_process_without_seqbert(
@@ -181,7 +166,7 @@ def test_every_head_and_generate_match_in_a_process_without_seqbert(
         }
     )
 
-    outputs = _run_without_seqbert(jobs, tmp_path)
+    outputs = run_without_seqbert(jobs, tmp_path)
     assert outputs.pop("resume.global_step").item() == 3
     assert set(outputs) == set(expected)
     for key, value in expected.items():

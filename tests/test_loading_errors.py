@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import (
     AutoModel,
+    AutoModelForSequenceClassification,
     AutoTokenizer,
     BertConfig,
     BertForMaskedLM,
@@ -165,6 +166,19 @@ def test_from_pretrained_with_incompatible_config(seqbert_folder, how):
         expected = r"checkpoint \(99, 32\) vs model \(120, 32\).*vocab_size=120 \(the checkpoint's config has 99\)"
     with pytest.raises(ValueError, match=r"SeqBertModel\.from_pretrained\(.*\): \d+ parameter\(s\).*" + expected):
         load()
+
+
+def test_mismatched_shapes_raise_what_transformers_raises(tmp_path):
+    """`from_pretrained(folder, num_labels=42)` on a 3-label classifier: transformers raises RuntimeError there, and
+    user code catches that; SeqBERT's error is one, and a ValueError too (a config value causes it)."""
+    model = seqbert.SeqBertForSequenceClassification(seqbert.SeqBertConfig(**TINY_BERT, num_labels=3))
+    model.save_pretrained(tmp_path)
+    with pytest.raises(RuntimeError, match=r"classifier\.weight: checkpoint \(3, 32\) vs model \(42, 32\)") as caught:
+        AutoModelForSequenceClassification.from_pretrained(tmp_path, num_labels=42)
+    assert isinstance(caught.value, ValueError)
+    bert = save_bert(tmp_path / "bert", BertForSequenceClassification, num_labels=3)
+    with pytest.raises(RuntimeError, match=r"num_labels=42 \(the checkpoint's config has 3\)"):
+        seqbert.SeqBertForSequenceClassification.from_bert_pretrained(bert, num_labels=42)
 
 
 def test_from_pretrained_ignore_mismatched_sizes_keeps_transformers_behaviour(seqbert_folder):

@@ -259,3 +259,38 @@ def test_pooled_heads_keep_their_pooler_on_a_seq2seq_config():
     logits = seqbert.SeqBertForSequenceClassification(config).eval()(input_ids=src, attention_mask=mask).logits
     assert logits.shape == (5, 2)
     assert seqbert.SeqBertModel(config).pooler is None
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["own_decoder_embeddings", "shared_embeddings"])
+def test_resize_token_embeddings_resizes_every_side_together(shared, tmp_path):
+    torch.manual_seed(0)
+    model = seqbert.SeqBertForConditionalGeneration(seq2seq_config(share_encoder_decoder_embeddings=shared)).eval()
+    old = {name: p.detach().clone() for name, p in model.named_parameters() if "word_embeddings" in name}
+    model.resize_token_embeddings(120, mean_resizing=False)
+    encoder, decoder = model.seqbert.embeddings.word_embeddings, model.decoder.embeddings.word_embeddings
+    assert model.config.vocab_size == 120
+    assert encoder.num_embeddings == decoder.num_embeddings == model.lm_head.decoder.out_features == 120
+    assert model.lm_head.decoder.bias.shape == (120,)
+    assert model.lm_head.decoder.weight is decoder.weight  # still tied
+    assert (decoder.weight is encoder.weight) == shared
+    for name, weight in old.items():  # the old rows are kept
+        assert torch.equal(dict(model.named_parameters())[name][: TINY["vocab_size"]], weight), name
+    new_ids = torch.tensor([[START, 110, 119]])
+    out = model(
+        input_ids=torch.tensor([[5, 115, 7]]), decoder_input_ids=new_ids, labels=torch.tensor([[110, 119, EOS]])
+    )
+    assert out.logits.shape == (1, 3, 120) and torch.isfinite(out.loss)
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert torch.equal(reloaded(input_ids=torch.tensor([[5, 115]]), decoder_input_ids=new_ids).logits,
+                           model(input_ids=torch.tensor([[5, 115]]), decoder_input_ids=new_ids).logits)  # fmt: skip
+
+
+def test_resize_token_embeddings_refuses_to_drop_special_tokens():
+    model = seqbert.SeqBertForConditionalGeneration(seq2seq_config(eos_token_id=50))
+    with pytest.raises(ValueError, match=r"new_num_tokens \(40\) would drop eos_token_id \(50\)"):
+        model.resize_token_embeddings(40)
+    with pytest.raises(TypeError, match=r"new_num_tokens must be an int or None, got 40.0"):
+        model.resize_token_embeddings(40.0)
+    assert model.config.vocab_size == TINY["vocab_size"]  # nothing was resized

@@ -930,15 +930,17 @@ class SeqBertPreTrainedModel(PreTrainedModel):
         `config.vocab_size` change together (for seq2seq, encoder and decoder side alike).
 
         Raises:
-            TypeError: `new_num_tokens` or `pad_to_multiple_of` is not an int.
+            TypeError: `new_num_tokens` is not an int.
             ValueError: the new size is below 1, or would drop a special token id of the config (`pad_token_id`,
-                `bos_token_id`, `eos_token_id`, `decoder_start_token_id`); nothing is resized then.
+                `bos_token_id`, `eos_token_id`, `decoder_start_token_id`); nothing is resized then. transformers'
+                own `ValueError` for a `pad_to_multiple_of` that is not an int.
         """
-        for name, value in (("new_num_tokens", new_num_tokens), ("pad_to_multiple_of", pad_to_multiple_of)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise TypeError(f"{name} must be an int or None, got {value!r} of type {type(value).__name__}")
+        if new_num_tokens is not None and (isinstance(new_num_tokens, bool) or not isinstance(new_num_tokens, int)):
+            raise TypeError(
+                f"new_num_tokens must be an int or None, got {new_num_tokens!r} of type {type(new_num_tokens).__name__}"
+            )
         size = self.config.vocab_size if new_num_tokens is None else new_num_tokens
-        if pad_to_multiple_of is not None and pad_to_multiple_of > 0:
+        if isinstance(pad_to_multiple_of, int) and pad_to_multiple_of > 0:
             size = math.ceil(size / pad_to_multiple_of) * pad_to_multiple_of
         if size < 1:
             raise ValueError(f"new_num_tokens ({new_num_tokens}) must be >= 1")
@@ -1904,15 +1906,14 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
         self.lm_head.decoder = new_embeddings
 
     def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True) -> nn.Embedding:
-        """transformers resizes the input (encoder) embeddings and the LM head; the decoder's own word embeddings
-        (unless shared with the encoder) are resized here to the same size, so `tie_weights` then ties the LM head
-        to a matrix of the new size."""
+        """transformers resizes the input (encoder) embeddings and the LM head; the decoder's word embeddings are
+        resized here to the same size, so `tie_weights` then ties the LM head (and, with
+        `share_encoder_decoder_embeddings`, the decoder embeddings) to matrices of the new size."""
         encoder_embeddings = super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
-        if not self.config.share_encoder_decoder_embeddings:
-            old = self.decoder.get_input_embeddings()
-            new = self._get_resized_embeddings(old, encoder_embeddings.num_embeddings, mean_resizing=mean_resizing)
-            new.requires_grad_(old.weight.requires_grad)
-            self.decoder.set_input_embeddings(new)
+        old = self.decoder.get_input_embeddings()
+        new = self._get_resized_embeddings(old, encoder_embeddings.num_embeddings, mean_resizing=mean_resizing)
+        new.requires_grad_(old.weight.requires_grad)
+        self.decoder.set_input_embeddings(new)
         return encoder_embeddings
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
