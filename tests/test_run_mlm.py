@@ -261,3 +261,49 @@ def test_config_overrides_and_norm_placement_shape_the_new_model(tokenizer):
     assert (config.hidden_size, config.num_hidden_layers, config.intermediate_size) == (32, 2, 37)
     assert (config.norm_placement, config.position_embedding_type) == ("post", "sinusoidal")
     assert config.vocab_size == len(tokenizer) and config.pad_token_id == tokenizer.pad_token_id
+
+
+def test_padding_free_batches_pack_whole_verses_and_train_like_padded_ones(mlm_run, tmp_path, tokenizer):
+    """`--padding_free`: each verse a sequence, a batch one row without padding. The collator's rows are the verses
+    end to end, positions restart at each verse, and the masked-LM loss of a packed batch equals the loss of the
+    same masked verses padded (SeqBERT attends within each verse)."""
+    verses = load_bible_text(cache_dir=cache_dir_of(mlm_run))["validation"]["text"][:120]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(verses) + "\n", encoding="utf-8")
+    examples = [
+        {k: v for k, v in tokenizer(text, return_special_tokens_mask=True).items() if k != "token_type_ids"}
+        for text in verses[:6]
+    ]
+    collator = run_mlm.masking_collator(tokenizer, seed=0, padding_free=True)
+    packed = collator(examples)
+    assert set(packed) == {"input_ids", "labels", "position_ids"} and packed["input_ids"].shape[0] == 1
+    lengths = [len(example["input_ids"]) for example in examples]
+    assert packed["position_ids"][0].tolist() == [i for n in lengths for i in range(n)]
+    masked = packed["labels"][0] != -100
+    original = torch.tensor([i for example in examples for i in example["input_ids"]])
+    assert torch.equal(packed["labels"][0][masked], original[masked]) and masked.any()
+
+    torch.manual_seed(0)
+    model = seqbert.SeqBertForMaskedLM(run_mlm.scratch_config(tokenizer, config_overrides=TINY_OVERRIDES)).eval()
+    rows = torch.split(packed["input_ids"][0], lengths)
+    row_labels = torch.split(packed["labels"][0], lengths)
+    width = max(lengths)
+    padded = {
+        "input_ids": torch.stack([torch.nn.functional.pad(r, (0, width - len(r))) for r in rows]),
+        "attention_mask": torch.stack([torch.arange(width) < len(r) for r in rows]).long(),
+        "labels": torch.stack([torch.nn.functional.pad(r, (0, width - len(r)), value=-100) for r in row_labels]),
+    }
+    with torch.no_grad():
+        assert model(**packed).loss.item() == pytest.approx(model(**padded).loss.item(), abs=1e-5)
+
+    metrics = run_mlm.main(
+        [
+            "--train_file", str(corpus), "--validation_split_percentage", "10", "--config_overrides", TINY_OVERRIDES,
+            "--padding_free", "--max_seq_length", str(BLOCK), "--max_steps", "3", "--eval_strategy", "no",
+            "--per_device_train_batch_size", "8", "--output_dir", str(tmp_path / "run"),
+            "--cache_dir", str(tmp_path / "cache"),
+        ]
+    )  # fmt: skip
+    assert metrics["eval_samples"] == 12 and math.isfinite(metrics["eval_perplexity"])  # one sample a verse
+    card = ModelCard.load(tmp_path / "run" / "README.md")
+    assert "packed into one row without padding" in card.text

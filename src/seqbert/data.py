@@ -300,22 +300,24 @@ def load_bible_text(num_validation_chapters: int = 25, seed: int = 0, cache_dir=
 # when the script runs as `__main__` than when another script imports it, so the cache would not be shared.
 
 
-def tokenize_texts(examples: dict[str, list], tokenizer, text_column: str = "text"):
+def tokenize_texts(examples: dict[str, list], tokenizer, text_column: str = "text", max_length: int | None = None):
     """
-    Tokenize a batch of texts for masked-LM pretraining: special tokens around each text (`[CLS] ... [SEP]`), no
-    truncation (blocks are cut afterwards by `group_texts`), and the `special_tokens_mask` that
-    `DataCollatorForLanguageModeling` uses to never mask special tokens.
+    Tokenize a batch of texts for masked-LM pretraining: special tokens around each text (`[CLS] ... [SEP]`), and the
+    `special_tokens_mask` that `DataCollatorForLanguageModeling` uses to never mask special tokens. No truncation
+    (blocks are cut afterwards by `group_texts`) unless `max_length` is given (a text per sequence).
 
     Args:
         examples: a batch of columns, `examples[text_column]` a list of `str`.
         tokenizer (`PreTrainedTokenizerBase`): the tokenizer.
         text_column (`str`, defaults to `"text"`): the column to tokenize.
+        max_length (`int`, *optional*): truncate each text to this many tokens, special tokens included.
 
     Returns:
         `BatchEncoding` with one int list per text in each of `input_ids`, `attention_mask`, `special_tokens_mask`
         (1 at special tokens) and `token_type_ids` (if the tokenizer makes them).
     """
-    return tokenizer(examples[text_column], return_special_tokens_mask=True)
+    truncation = {} if max_length is None else {"truncation": True, "max_length": max_length}
+    return tokenizer(examples[text_column], return_special_tokens_mask=True, **truncation)
 
 
 def group_texts(examples: dict[str, list[list[int]]], block_size: int) -> dict[str, list[list[int]]]:

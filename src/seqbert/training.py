@@ -21,7 +21,13 @@ import shutil
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DataCollatorForLanguageModeling, Seq2SeqTrainer, Trainer, TrainerCallback
+from transformers import (
+    DataCollatorForLanguageModeling,
+    DataCollatorWithFlattening,
+    Seq2SeqTrainer,
+    Trainer,
+    TrainerCallback,
+)
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 
@@ -48,12 +54,17 @@ class DataCollatorForResumableMasking(DataCollatorForLanguageModeling):
         process_index (`int`, defaults to 0): this process's rank; set by the trainers.
         stage (`str`, defaults to `"train"`): `"eval"` while the trainers evaluate: evaluation batches get masks of
             their own (the same at every evaluation) and leave the training batches' numbering alone.
+        padding_free (`bool`, defaults to `False`): put the batch's texts in one row without padding, as
+            `DataCollatorWithFlattening` does (`input_ids` and `position_ids` of shape `(1, total_tokens)`, positions
+            restarting at 0 for each text, no `attention_mask`), then mask them as above. SeqBERT attends within each
+            text of such a row (see `SeqBertModel.forward`).
     """
 
     seed: int | None = 0
     batch_index: int = 0
     process_index: int = 0
     stage: str = "train"
+    padding_free: bool = False
     _worker_calls: int = field(default=0, init=False, repr=False)  # batches this worker's copy has collated
 
     def torch_call(self, examples):
@@ -66,7 +77,14 @@ class DataCollatorForResumableMasking(DataCollatorForLanguageModeling):
         key = f"{self.seed}:{self.stage}:{self.process_index}:{index}".encode()
         self.generator = torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(key).digest()[:8], "little") >> 1)
         self.batch_index += worker is None
-        return super().torch_call(examples)
+        if not self.padding_free:
+            return super().torch_call(examples)
+        batch = DataCollatorWithFlattening()([{"input_ids": example["input_ids"]} for example in examples])
+        special_tokens_mask = None
+        if "special_tokens_mask" in examples[0]:
+            special_tokens_mask = torch.tensor([[m for example in examples for m in example["special_tokens_mask"]]])
+        input_ids, labels = self.torch_mask_tokens(batch["input_ids"], special_tokens_mask=special_tokens_mask)
+        return {"input_ids": input_ids, "labels": labels, "position_ids": batch["position_ids"]}
 
 
 class _MaskingScheduleCallback(TrainerCallback):
