@@ -2,7 +2,8 @@
 
 Rows: the packaged MiniLM-L6 BertModel checkpoint (real weights) on padded Rotten Tomatoes snippets, per attention
 backend, pooler included; and each BERT head class with seeded random bert-base-uncased-sized weights (12 layers,
-hidden 768) saved to a temporary folder, fed real snippet pairs (token_type_ids 0 and 1) with padding. The figure
+hidden 768) saved to a temporary folder, fed real snippet pairs (token_type_ids 0 and 1) with padding (the causal
+`BertLMHeadModel` too, into `SeqBertForCausalLM`). The figure
 is max |delta| over real (non-pad) positions. The same checks, with 4-layer heads, are asserted by
 tests/test_bert_parity.py; this script is the measurement behind README.md.
 
@@ -22,6 +23,7 @@ from transformers import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
+    BertLMHeadModel,
     BertModel,
     HfArgumentParser,
 )
@@ -74,6 +76,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         (BertForSequenceClassification, seqbert.SeqBertForSequenceClassification, {"num_labels": 3}, ("logits",)),
         (BertForTokenClassification, seqbert.SeqBertForTokenClassification, {"num_labels": 5}, ("logits",)),
         (BertForQuestionAnswering, seqbert.SeqBertForQuestionAnswering, {}, ("start_logits", "end_logits")),
+        (BertLMHeadModel, seqbert.SeqBertForCausalLM, {"is_decoder": True}, ("logits",)),
     ]
     for bert_class, seqbert_class, kwargs, fields in heads:
         with tempfile.TemporaryDirectory() as folder:

@@ -26,6 +26,7 @@ from transformers.utils import logging
 
 import seqbert
 from seqbert import convert_bert
+from seqbert.convert_bert import split_fused_attention
 
 
 TINY_BERT = dict(
@@ -428,3 +429,28 @@ def test_warm_start_cross_attention_is_the_only_new_decoder_part(bert_folder):
     )
     body = [k for k in info["missing_keys"] if not k.startswith("lm_head.")]
     assert body and all(re.match(r"decoder\.layers\.\d\.cross_attention(_norm)?\.", k) for k in body), body
+
+
+def test_a_seqbert_0_1_folder_with_fused_attention_fails_clearly_and_splits_exactly(tmp_path):
+    """seqbert 0.1.0 saved `qkv_proj` (query, key, value stacked): loading such a folder must not leave the separate
+    projections random; `split_fused_attention` turns it into this version's layout with the same numbers."""
+    model = seqbert.SeqBertForSequenceClassification(seqbert.SeqBertConfig(**TINY_BERT, num_labels=2)).eval()
+    model.save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    fused = {}
+    for key, tensor in weights.items():
+        if ".attention.query." in key:
+            kind = key.rsplit(".", 1)[-1]
+            prefix = key.rsplit(".query.", 1)[0]
+            parts = [weights[f"{prefix}.{name}.{kind}"] for name in ("query", "key", "value")]
+            fused[f"{prefix}.qkv_proj.{kind}"] = torch.cat(parts)
+        elif not re.search(r"\.attention\.(key|value)\.", key):
+            fused[key] = tensor
+    save_file(fused, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"fused attention projections \(seqbert\.encoder\.layers\.0\.attention\.qkv_proj\.bias.*seqbert 0\.1\.0.*split_fused_attention"):  # fmt: skip
+        AutoModelForSequenceClassification.from_pretrained(tmp_path)
+    save_file(split_fused_attention(load_file(tmp_path / "model.safetensors")), tmp_path / "model.safetensors")
+    reloaded = AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
+    ids = torch.randint(1, 99, (2, 6))
+    with torch.no_grad():
+        assert torch.equal(reloaded(ids).logits, model(ids).logits)

@@ -161,6 +161,51 @@ def bert_state_dict_to_seqbert(
     return _convert(state_dict, config, role)
 
 
+# seqbert 0.1.0 fused each attention's projections: `qkv_proj` (self-attention: query, key, value) and, in the
+# decoder's cross-attention, `q_proj` and `kv_proj` (key, value), concatenated along the output dimension.
+_FUSED_ATTENTION = re.compile(r"^(.*)\.(qkv_proj|kv_proj|q_proj)\.(weight|bias)$")
+_FUSED_PARTS = {"qkv_proj": ("query", "key", "value"), "kv_proj": ("key", "value"), "q_proj": ("query",)}
+
+
+def fused_attention_error(unexpected_keys, where: str) -> ValueError | None:
+    """The error for a checkpoint whose unexpected keys are seqbert 0.1.0's fused attention projections (the model's
+    query, key and value would keep their random initialisation), or None when there are none."""
+    fused = sorted(key for key in unexpected_keys if _FUSED_ATTENTION.match(key))
+    if not fused:
+        return None
+    return ValueError(
+        f"{where}: the checkpoint stores fused attention projections ({_listed(fused)}), the layout of seqbert 0.1.0; "
+        "this version keeps BERT's separate query, key and value, which would keep their random initialisation. "
+        "Split them once with seqbert.convert_bert.split_fused_attention on the checkpoint's state dict and save it "
+        "again"
+    )
+
+
+def split_fused_attention(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """
+    A state dict written by seqbert 0.1.0 (fused `qkv_proj`, cross-attention `q_proj` / `kv_proj`) under this
+    version's names: each fused tensor split along dim 0 into `query`, `key`, `value` (the order they were fused in).
+    Other keys are kept.
+
+    Example (a folder saved by seqbert 0.1.0)::
+
+        from safetensors.torch import load_file, save_file
+        state_dict = split_fused_attention(load_file("old/model.safetensors"))
+        save_file(state_dict, "old/model.safetensors", metadata={"format": "pt"})
+    """
+    converted = {}
+    for key, tensor in state_dict.items():
+        match = _FUSED_ATTENTION.match(key)
+        if match is None:
+            converted[key] = tensor
+            continue
+        prefix, fused, kind = match.groups()
+        names = _FUSED_PARTS[fused]
+        for name, part in zip(names, tensor.chunk(len(names), dim=0), strict=True):
+            converted[f"{prefix}.{name}.{kind}"] = part.contiguous()
+    return converted
+
+
 def bert2bert_state_dict_to_seqbert(
     state_dict: dict[str, torch.Tensor], config: SeqBertConfig
 ) -> dict[str, torch.Tensor]:

@@ -45,8 +45,9 @@ from transformers.modeling_outputs import (
     TokenClassifierOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
+from transformers.processing_utils import Unpack
 from transformers.utils import ModelOutput, logging
-from transformers.utils.generic import can_return_tuple
+from transformers.utils.generic import TransformersKwargs, can_return_tuple
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_seqbert import SeqBertConfig
@@ -54,6 +55,7 @@ from .convert_bert import (
     check_bert_loading_info,
     checkpoint_config_dict,
     find_checkpoint_problem,
+    fused_attention_error,
     load_bert_as_seqbert_state_dict,
     mismatched_sizes_error,
     refuse_pickled_weights,
@@ -305,7 +307,7 @@ class SeqBertAttention(nn.Module):
         value: torch.Tensor,
         attention_mask: torch.Tensor | None,
         unpadded: UnpaddedBatch | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B, N, L, D) queries and (B, N, S, D) keys/values -> `(output (B, L, H), weights (B, N, L, S) or None)`;
         with `unpadded`, the output is (1, T, H) over the real tokens (the projection skips padding)."""
@@ -340,7 +342,7 @@ class SeqBertSelfAttention(SeqBertAttention):
         attention_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         unpadded: UnpaddedBatch | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B, L, H) -> `(output (B, L, H), attention weights (B, N, L, L_total) or None)`. With `past_key_values`
         (decoders, generation), this step's keys/values are appended to the self-attention cache first. With
@@ -375,7 +377,7 @@ class SeqBertCrossAttention(SeqBertAttention):
         encoder_hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         past_key_values: EncoderDecoderCache | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Decoder states (B, L, H) and encoder states (B, S, H) -> `(output (B, L, H), weights (B, N, L, S) or None)`."""
         query = self._split_heads(self.query(hidden_states))  # (B, N, L, D)
@@ -511,7 +513,7 @@ class SeqBertPreNormDecoderLayer(SeqBertDecoderLayer):
         encoder_hidden_states: torch.Tensor,
         encoder_attention_mask: torch.Tensor | None = None,
         past_key_values: EncoderDecoderCache | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> torch.Tensor:
         x = hidden_states
         x = x + self._self_attend(self.self_attention_norm(x), attention_mask, past_key_values, **kwargs)
@@ -531,7 +533,7 @@ class SeqBertPostNormDecoderLayer(SeqBertDecoderLayer):
         encoder_hidden_states: torch.Tensor,
         encoder_attention_mask: torch.Tensor | None = None,
         past_key_values: EncoderDecoderCache | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> torch.Tensor:
         x = hidden_states
         x = self.self_attention_norm(x + self._self_attend(x, attention_mask, past_key_values, **kwargs))
@@ -969,7 +971,8 @@ class SeqBertPreTrainedModel(PreTrainedModel):
 
         Raises:
             ValueError: `pretrained_model_name_or_path` is a local folder or file with only pickled weights and
-                `use_safetensors` is not `False`.
+                `use_safetensors` is not `False`; or the checkpoint holds fused attention projections (`qkv_proj`,
+                written by seqbert 0.1.0: see `convert_bert.split_fused_attention`).
             MismatchedSizesError: (a `RuntimeError`, as transformers raises there, and a `ValueError`) parameters
                 of the checkpoint have another shape than the model's and `ignore_mismatched_sizes` is not `True`.
             OSError: the repository has no safetensors weights (the message says how to opt in to `.bin`);
@@ -1012,6 +1015,9 @@ class SeqBertPreTrainedModel(PreTrainedModel):
                 None if path is None else checkpoint_config_dict(path, **kwargs),
                 f"{cls.__name__}.from_pretrained({str(path)!r})",
             )
+        error = fused_attention_error(loading_info["unexpected_keys"], f"{cls.__name__}.from_pretrained({str(path)!r})")
+        if error is not None:
+            raise error
         return (model, loading_info) if output_loading_info else model
 
     @classmethod
@@ -1150,7 +1156,7 @@ class SeqBertModel(SeqBertPreTrainedModel):
         token_type_ids: torch.LongTensor | None = None,
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPooling:
         r"""
         Args:
@@ -1230,7 +1236,7 @@ class SeqBertModel(SeqBertPreTrainedModel):
         self, attention_mask: torch.Tensor | None, sequence_ids: torch.Tensor | None, kwargs: dict
     ) -> UnpaddedBatch | None:
         """The real tokens' layout when the unpadded fast path applies: sdpa attention, eager execution, a (B, L)
-        mask with some padding or packed rows, and no per-layer outputs requested (those are recorded in the
+        mask with some padding (and some real tokens) or packed rows, and no per-layer outputs requested (those are recorded in the
         padded layout). Else None: the padded path, which `attn_implementation="eager"` always takes as the
         readable reference, and which `torch.compile` / `torch.export` trace (it has no data-dependent shapes)."""
         if self.config._attn_implementation != "sdpa" or not _eager_execution():
@@ -1240,7 +1246,11 @@ class SeqBertModel(SeqBertPreTrainedModel):
         for name in ("output_hidden_states", "output_attentions"):
             if kwargs.get(name, getattr(self.config, name, False)):
                 return None
-        if sequence_ids is None and (attention_mask is None or bool(attention_mask.all())):
+        if attention_mask is not None:
+            real = int(attention_mask.count_nonzero())  # one host sync
+            if real == 0 or (real == attention_mask.numel() and sequence_ids is None):
+                return None  # nothing to keep, or nothing to drop
+        elif sequence_ids is None:
             return None
         return UnpaddedBatch.from_mask(attention_mask, sequence_ids)
 
@@ -1303,7 +1313,7 @@ class SeqBertDecoder(SeqBertPreTrainedModel):
         position_ids: torch.LongTensor | None = None,
         token_type_ids: torch.LongTensor | None = None,
         use_cache: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         r"""
         Args:
@@ -1425,7 +1435,7 @@ class SeqBertForMaskedLM(SeqBertPreTrainedModel):
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> MaskedLMOutput:
         r"""
         Inputs as in `SeqBertModel.forward`, plus `labels` (`torch.LongTensor` of shape `(B, L)`, *optional*): target
@@ -1477,7 +1487,7 @@ class SeqBertForSequenceClassification(SeqBertPreTrainedModel):
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> SequenceClassifierOutput:
         r"""
         Inputs as in `SeqBertModel.forward`, plus `labels`, *optional*: `(B,)` int64 class ids in `[0, num_labels)`
@@ -1566,7 +1576,7 @@ class SeqBertForTokenClassification(SeqBertPreTrainedModel):
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> TokenClassifierOutput:
         r"""
         Inputs as in `SeqBertModel.forward`, plus `labels` (`torch.LongTensor` of shape `(B, L)`, *optional*): class
@@ -1620,7 +1630,7 @@ class SeqBertForQuestionAnswering(SeqBertPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         start_positions: torch.LongTensor | None = None,
         end_positions: torch.LongTensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> QuestionAnsweringModelOutput:
         r"""
         Inputs as in `SeqBertModel.forward`, plus `start_positions` / `end_positions` (`torch.LongTensor` of shape
@@ -1687,7 +1697,7 @@ class SeqBertForMultipleChoice(SeqBertPreTrainedModel):
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> MultipleChoiceModelOutput:
         r"""
         Inputs of shape `(B, num_choices, L)` (`inputs_embeds`: `(B, num_choices, L, H)`), plus `labels`
@@ -1795,7 +1805,7 @@ class SeqBertForCausalLM(SeqBertPreTrainedModel, GenerationMixin):
         past_key_values: Cache | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> CausalLMOutputWithCrossAttentions:
         r"""
         Inputs as in `SeqBertDecoder.forward` (`input_ids` (B, L), `attention_mask` (B, L_past + L), ...), plus:
@@ -1945,7 +1955,7 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqLMOutput:
         r"""
         Args:
