@@ -6,7 +6,8 @@ inputs real Rotten Tomatoes snippets.
 Half-precision tolerances are not fixed numbers: SeqBERT may differ from BERT by at most twice what BERT's own eager
 and sdpa implementations differ from each other in that dtype, plus a small floor.
 
-These tests need a CUDA GPU and are skipped without one (CI has none); README's "GPU" section gives the last run."""
+These tests need a CUDA GPU and are skipped without one (CI has none). Up to 2026-11-23 no GPU has been available to
+the project, so they have not run on one yet; their fp32, compile and packing code was run on CPU by a throwaway copy."""
 
 import copy
 
