@@ -11,7 +11,7 @@ import copy
 import onnxruntime
 import pytest
 import torch
-from conftest import random_inputs, tiny_config
+from conftest import ENCODER_HEADS, random_inputs, tiny_config
 from transformers.exporters import DynamoConfig, DynamoExporter
 from transformers.exporters.utils import decompose_for_generation
 
@@ -21,16 +21,7 @@ import seqbert
 TOLERANCE = 1e-5
 ONNX_TOLERANCE = 1e-4
 NUM_CHOICES = 2
-HEADS = [
-    seqbert.SeqBertModel,
-    seqbert.SeqBertForMaskedLM,
-    seqbert.SeqBertForSequenceClassification,
-    seqbert.SeqBertForTokenClassification,
-    seqbert.SeqBertForQuestionAnswering,
-    seqbert.SeqBertForMultipleChoice,
-    seqbert.SeqBertForCausalLM,
-    seqbert.SeqBertForConditionalGeneration,
-]
+HEADS = [*ENCODER_HEADS.values(), seqbert.SeqBertForCausalLM, seqbert.SeqBertForConditionalGeneration]
 
 
 def build(model_class, norm_placement="post"):

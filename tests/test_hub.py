@@ -19,6 +19,7 @@ from hub_recorder import record_hub_requests
 from huggingface_hub import ModelCard
 from safetensors.torch import save_file
 from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
+from transformers.dynamic_module_utils import get_imports
 
 import seqbert
 from seqbert.configuration_seqbert import CAUSAL_LM_AUTO_MAP, ENCODER_AUTO_MAP, SEQ2SEQ_AUTO_MAP
@@ -343,3 +344,13 @@ def test_tokenizer_round_trip_of_the_main_job_folder(classification_run, minilm_
     saved = AutoTokenizer.from_pretrained(classification_run)
     original = AutoTokenizer.from_pretrained(minilm_path)
     assert saved(rt_texts[:16])["input_ids"] == original(rt_texts[:16])["input_ids"]
+
+
+def test_saved_code_needs_only_torch_and_transformers(tmp_path):
+    """transformers' remote-code loader refuses a modeling file that imports a package the user lacks (it scans the
+    import statements). The saved files import only torch, transformers (with its own dependency safetensors) and the
+    standard library: no peft, sentence-transformers or seqbert."""
+    seqbert.SeqBertForSequenceClassification(tiny_config(num_labels=2)).save_pretrained(tmp_path)
+    for name in CODE_FILES:
+        imports = set(get_imports(tmp_path / name)) - set(sys.stdlib_module_names)
+        assert imports <= {"torch", "transformers", "safetensors"}, (name, imports)

