@@ -13,6 +13,9 @@ process can run is the code saved in the folders. Each job of JOBS.json (a list)
   (`AutoModelForSeq2SeqLM` or `AutoModelForCausalLM`) and `generate`, stored as `name.sequences`;
 - `{"name", "mode": "embed", "folder", "texts"}`: `sentence_transformers.SentenceTransformer` on the folder and
   `encode(texts)`, stored as `name.embeddings`;
+- `{"name", "mode": "lora", "folder"}`: import peft first, then load the folder with
+  `AutoModelForSequenceClassification` and wrap it in the default `LoraConfig(task_type="SEQ_CLS")`; stores the number
+  of LoRA parameters per adapted module kind as `name.<kind>`;
 - `{"name", "mode": "resume", "folder", "checkpoint", "texts", "labels", "max_steps", "output_dir"}`: load the
   classifier from a Trainer checkpoint, resume `Trainer` from it up to `max_steps` and `save_model` to `output_dir`;
   stores the final step as `name.global_step`.
@@ -73,6 +76,20 @@ def embed(job) -> dict[str, torch.Tensor]:
     return {f"{job['name']}.embeddings": model.encode(job["texts"], convert_to_tensor=True)}
 
 
+def lora(job) -> dict[str, torch.Tensor]:
+    from peft import LoraConfig, get_peft_model  # before the model code is loaded
+
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(job["folder"], trust_remote_code=True)
+    _check_remote(model)
+    model = get_peft_model(model, LoraConfig(task_type="SEQ_CLS"))
+    counts: dict[str, int] = {}
+    for name, parameter in model.named_parameters():
+        if ".lora_" in name:
+            kind = name.split(".lora_")[0].rsplit(".", 1)[-1]
+            counts[kind] = counts.get(kind, 0) + parameter.numel()
+    return {f"{job['name']}.{kind}": torch.tensor(count) for kind, count in counts.items()}
+
+
 def resume(job) -> dict[str, torch.Tensor]:
     checkpoint = job["checkpoint"]
     # AutoTokenizer reads config.json through AutoConfig, so it too needs trust_remote_code (else it prompts).
@@ -116,7 +133,7 @@ def main(jobs_path: str, output_path: str) -> None:
         jobs = json.load(f)
     outputs = {}
     for job in jobs:
-        modes = {"forward": forward, "generate": generate, "embed": embed, "resume": resume}
+        modes = {"forward": forward, "generate": generate, "embed": embed, "lora": lora, "resume": resume}
         outputs.update(modes[job["mode"]](job))
     save_file({key: value.contiguous() for key, value in outputs.items()}, output_path)
 

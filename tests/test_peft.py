@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, run_without_seqbert
 from peft import AutoPeftModelForSequenceClassification, LoraConfig, PeftModel, get_peft_model
 from transformers import (
     BertConfig,
@@ -153,3 +153,15 @@ def test_from_bert_pretrained_records_the_checkpoint_for_peft(minilm_path):
     assert model.name_or_path == model.config.name_or_path == str(minilm_path)
     peft_model = get_peft_model(model, LoraConfig(task_type="SEQ_CLS"))
     assert peft_model.peft_config["default"].base_model_name_or_path == str(minilm_path)
+
+
+def test_default_lora_on_remote_code_with_peft_imported_first(minilm_path, tmp_path):
+    """A user without seqbert who imports peft before loading a SeqBERT folder with trust_remote_code: the model code
+    registers its PEFT targets on import, so the default LoRA still adapts queries and values."""
+    folder = tmp_path / "classifier"
+    seqbert.SeqBertForSequenceClassification.from_bert_pretrained(minilm_path, num_labels=2).save_pretrained(folder)
+    outputs = run_without_seqbert([{"name": "lora", "mode": "lora", "folder": str(folder)}], tmp_path)
+    bert = get_peft_model(
+        BertForSequenceClassification.from_pretrained(minilm_path, num_labels=2), LoraConfig(task_type="SEQ_CLS")
+    )
+    assert {k.split(".", 1)[1]: v.item() for k, v in outputs.items()} == lora_parameters(bert)
