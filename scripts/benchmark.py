@@ -1,5 +1,6 @@
 #!/usr/bin/env python
 """Benchmark seqbert against transformers' own BERT classes holding identical weights, in one process, interleaved.
+With --repeats 5 it took 20 minutes on 2 CPU cores (2026-11-23); the default 3 repeats take less.
 
     python scripts/benchmark.py [--repeats 3] [--json_file benchmark.json]
 
@@ -45,11 +46,11 @@ from transformers import (
     BertForSequenceClassification,
     BertModel,
     DataCollatorWithPadding,
-    HfArgumentParser,
 )
 
 import seqbert
 from seqbert.data import load_rotten_tomatoes, minilm_checkpoint_path
+from seqbert.script_utils import script_parser
 
 
 @dataclass
@@ -260,7 +261,7 @@ def memory_workload(num_batches: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    (args,) = HfArgumentParser(BenchmarkArguments).parse_args_into_dataclasses(args=argv)
+    (args,) = script_parser(BenchmarkArguments, __doc__).parse_args_into_dataclasses(args=argv)
     if args.memory_probe is not None:
         memory_probe(args.memory_probe, args.num_batches)
         return {}

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Pre-LN against post-LN: the same masked-LM trained twice with a high learning rate and no warm-up.
+"""Pre-LN against post-LN: the same masked-LM trained twice with a high learning rate and no warm-up. The default run
+(two 250-step runs of a 12-layer model) takes about 9 minutes on 2 CPU cores.
 
 Xiong et al. (2020), "On Layer Normalization in the Transformer Architecture", show that post-LN Transformers (BERT's
 `LN(x + f(x))`) need a learning-rate warm-up, because the gradients of the layers near the output are large at
@@ -29,12 +30,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from transformers import HfArgumentParser
-
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run_mlm.py sits next to this script
 
 import run_mlm  # noqa: E402
+
+from seqbert.script_utils import script_parser
 
 
 PLACEMENTS = ("pre", "post")
@@ -118,7 +119,7 @@ def save_comparison_plot(curves: dict[str, list[tuple[int, float]]], path: str, 
 
 def main(argv: list[str] | None = None) -> dict:
     """Run both placements, write the figure and the JSON summary; return the summary."""
-    parser = HfArgumentParser(ExperimentArguments)
+    parser = script_parser(ExperimentArguments, __doc__)
     args, extra = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     os.makedirs(args.output_dir, exist_ok=True)
 

@@ -1,4 +1,5 @@
 """Convert a BERT checkpoint (Hub name or local folder) into a SeqBERT folder that `AutoModel*.from_pretrained` loads.
+Takes seconds for a checkpoint of BERT-base size, once downloaded.
 
 The folder gets the post-LN SeqBERT config, the renamed weights (safetensors), the BERT tokenizer and, for a
 sentence-transformers checkpoint, its modules (`modules.json`, pooling, normalisation, `sentence_bert_config.json`), so
@@ -19,11 +20,12 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 
-from transformers import AutoConfig, AutoTokenizer, HfArgumentParser
+from transformers import AutoConfig, AutoTokenizer
 
 import seqbert
 from seqbert.convert_bert import SEQBERT_CLASS_FOR_BERT_ARCHITECTURE
 from seqbert.hub import copy_sentence_transformers_modules
+from seqbert.script_utils import script_parser
 
 
 logger = logging.getLogger(__name__)
@@ -85,7 +87,7 @@ def convert(args: ConversionArguments) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    (args,) = HfArgumentParser(ConversionArguments).parse_args_into_dataclasses(args=argv)
+    (args,) = script_parser(ConversionArguments, __doc__).parse_args_into_dataclasses(args=argv)
     convert(args)
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Print the figures of README's PEFT, embeddings, export and packing sections, measured on the real MiniLM weights
-and real Rotten Tomatoes snippets (about 2 minutes on 2 cores, offline):
+and real Rotten Tomatoes snippets (about 1 minute on 2 CPU cores, offline):
 
     python scripts/ecosystem_report.py
 
@@ -17,6 +17,7 @@ and real Rotten Tomatoes snippets (about 2 minutes on 2 cores, offline):
 import logging
 import tempfile
 import warnings
+from dataclasses import dataclass
 
 import onnxruntime
 import torch
@@ -35,6 +36,7 @@ from transformers.utils import logging as hf_logging
 import seqbert
 from seqbert.data import load_rotten_tomatoes, minilm_checkpoint_path
 from seqbert.hub import copy_sentence_transformers_modules
+from seqbert.script_utils import script_parser
 
 
 def lora_report(path, tokenizer, texts) -> None:
@@ -152,7 +154,13 @@ def causal_lm_report(tokenizer, texts) -> None:
     print(f"SeqBertForCausalLM vs BertLMHeadModel: max |logit delta| {delta:.1e}, greedy ids identical: {same}")
 
 
-def main() -> None:
+@dataclass
+class ReportArguments:
+    """No options: the report measures fixed workloads."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    script_parser(ReportArguments, __doc__).parse_args_into_dataclasses(args=argv)
     warnings.filterwarnings("ignore")
     hf_logging.set_verbosity_error()
     logging.getLogger("torch").setLevel(logging.ERROR)

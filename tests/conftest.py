@@ -141,13 +141,13 @@ def _run_script(name: str, output_dir: Path, *args: str) -> Path:
 
 
 def run_without_seqbert(jobs: list[dict], tmp_path: Path) -> dict[str, torch.Tensor]:
-    """Run `tests/load_without_seqbert.py` on `jobs` in a process where `import seqbert` fails (offline, a fresh
+    """Run `scripts/load_without_seqbert.py` on `jobs` in a process where `import seqbert` fails (offline, a fresh
     dynamic-module cache) and return the tensors it stored."""
     jobs_path, output_path = tmp_path / "jobs.json", tmp_path / "outputs.safetensors"
     jobs_path.write_text(json.dumps(jobs))
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
     env.pop("PYTHONPATH", None)
-    command = [sys.executable, str(ROOT / "tests" / "load_without_seqbert.py"), str(jobs_path), str(output_path)]
+    command = [sys.executable, str(ROOT / "scripts" / "load_without_seqbert.py"), str(jobs_path), str(output_path)]
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     # No trust_remote_code prompt and no fallback to a generic config anywhere on the way.

@@ -1,12 +1,13 @@
 """Hub publishing: saved folders that load with only torch + transformers, the model card, and scripts/push_to_hub.py.
 
 The remote-code tests copy saved folders elsewhere and load them in a separate process in which `import seqbert`
-fails (tests/load_without_seqbert.py), with real MiniLM weights and real review snippets, and compare the outputs with
+fails (scripts/load_without_seqbert.py), with real MiniLM weights and real review snippets, and compare the outputs with
 the in-package models. The upload test runs huggingface_hub's real `HfApi` code with only its HTTP client replaced by
 an in-process fake Hub (tests/hub_recorder.py): the Hub is unreachable from this machine.
 """
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -225,6 +226,23 @@ def test_classification_card_metadata_and_text_come_from_the_run(classification_
     )
     assert "run_classification.py --output_dir" in text and "5e-05" in text
     assert "2 cores" in text or "GPU" in text
+
+
+def test_the_cards_loading_snippet_runs_and_truncates_as_the_card_says(classification_run, rt_texts, tmp_path):
+    """The card's own snippet, pointed at the folder instead of the Hub, on a text of 600+ tokens: it truncates to the
+    training length (the card says so) instead of failing past the position table; the card's grammar holds."""
+    card = ModelCard.load(classification_run / "README.md")
+    snippet = card.text.split("```python\n", 1)[1].split("```", 1)[0]
+    snippet = re.sub(r'repo_id = ".*"', f"repo_id = {str(classification_run)!r}", snippet)
+    snippet = snippet.replace('"A gripping, funny film."', "long_text")
+    long_text = " ".join(rt_texts[:40])
+    namespace = {"long_text": long_text}
+    exec(compile(snippet.replace("revision=revision, ", ""), "README.md", "exec"), namespace)  # noqa: S102
+    assert len(namespace["tokenizer"](long_text)["input_ids"]) > 600
+    assert namespace["inputs"]["input_ids"].shape == (1, 128) and namespace["logits"].shape == (1, 2)
+    assert "`model_max_length` is 128: with `truncation=True`" in card.text
+    assert "1 processes" not in card.text and "(32 per device x 1 process x 1 accumulation step)" in card.text
+    assert "seqbert_version" not in card.text and f"seqbert {seqbert.__version__}" in card.text
 
 
 def test_seq2seq_card_reports_bleu_next_to_the_copy_baseline(seq2seq_run):

@@ -7,7 +7,9 @@ so each is mostly the ~7 s of importing torch and transformers, and the `cli_run
 in-process cases cover the other arguments through `main`, which raises `ScriptInputError`."""
 
 import argparse
+import ast
 import os
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -220,3 +222,28 @@ def test_run_cli_prints_input_errors_as_one_line_and_lets_other_errors_through(c
 
     with pytest.raises(ValueError, match="not an input error"):
         run_cli(bug, parser)
+
+
+SCRIPTS_WITH_HELP = sorted(
+    path.name
+    for path in (ROOT / "scripts").glob("*.py")
+    if path.name != "load_without_seqbert.py"  # a test helper
+)
+
+
+@pytest.mark.parametrize("name", SCRIPTS_WITH_HELP)
+def test_every_script_says_what_it_does_and_how_long_it_takes(name):
+    """The first paragraph of each script's docstring is the start of its --help (`script_parser`): it must say how
+    long the default run takes."""
+    source = (ROOT / "scripts" / name).read_text()
+    first = ast.get_docstring(ast.parse(source)).split("\n\n")[0]
+    assert re.search(r"\d+(\.\d+)? (minute|second)s?|seconds", first), first
+    assert "script_parser(" in source
+
+
+@pytest.mark.parametrize("name", ["run_classification.py", "run_seq2seq.py"])
+def test_help_starts_with_the_description(name):
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / name), "--help"], capture_output=True, text=True)
+    lines = result.stdout.splitlines()
+    assert result.returncode == 0 and lines[0].endswith("[--option value ...]")
+    assert "takes about" in " ".join(lines[1:5])

@@ -16,7 +16,7 @@ from transformers import (
     AutoModelForTokenClassification,
 )
 
-from .configuration_seqbert import SeqBertConfig
+from .configuration_seqbert import SEQBERT_VERSION, SeqBertConfig
 from .modeling_seqbert import (
     SeqBertForCausalLM,
     SeqBertForConditionalGeneration,
@@ -30,7 +30,7 @@ from .modeling_seqbert import (
 )
 
 
-__version__ = "0.1.0"
+__version__ = SEQBERT_VERSION
 
 AUTO_CLASSES = {
     AutoModel: SeqBertModel,

@@ -7,7 +7,32 @@ This file is copied verbatim into every saved model folder (``save_pretrained``/
 
 import copy
 
+import transformers
 from transformers import PretrainedConfig
+
+
+# The seqbert release; the package's version (pyproject.toml reads it here, `seqbert.__version__` is it), and saved
+# folders record it in config.json as `seqbert_version`.
+SEQBERT_VERSION = "0.2.0"
+# The oldest transformers release SeqBERT's code runs on; folders are checked against each 5.x release
+# (scripts/check_transformers_versions.py).
+MIN_TRANSFORMERS_VERSION = "5.0.0"
+
+
+def check_transformers_version() -> None:
+    """
+    Raises:
+        ImportError: the installed transformers is older than `MIN_TRANSFORMERS_VERSION`; one line that names the
+            version needed and how to get it (instead of an import error from inside this code).
+    """
+    if int(transformers.__version__.split(".")[0]) < int(MIN_TRANSFORMERS_VERSION.split(".")[0]):
+        raise ImportError(
+            f"SeqBERT models need transformers >= {MIN_TRANSFORMERS_VERSION}, but transformers "
+            f"{transformers.__version__} is installed: pip install -U 'transformers>={MIN_TRANSFORMERS_VERSION}'"
+        )
+
+
+check_transformers_version()
 
 
 NORM_PLACEMENTS = ("pre", "post")
@@ -188,13 +213,15 @@ class SeqBertConfig(PretrainedConfig):
 
     def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs) -> None:
         """
-        `PretrainedConfig.save_pretrained`, plus the complete `auto_map` (every Auto class that fits this config,
+        `PretrainedConfig.save_pretrained`, plus `seqbert_version` (the release writing the folder) and the complete
+        `auto_map` (every Auto class that fits this config,
         see `ENCODER_AUTO_MAP`, `SEQ2SEQ_AUTO_MAP`, `CAUSAL_LM_AUTO_MAP`) when the config is saved as remote code (always, for SeqBERT:
         the class is registered for `AutoConfig` below). transformers alone would record only the class being saved,
         and `AutoModel` on such a folder would then fail with "Unrecognized configuration class".
         """
         if self._auto_class is not None:
             self.auto_map = {**(getattr(self, "auto_map", None) or {}), **self.remote_code_auto_map()}
+        self.seqbert_version = SEQBERT_VERSION  # which seqbert wrote the folder
         super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
 
     def remote_code_auto_map(self) -> dict[str, str]:
@@ -211,7 +238,8 @@ class SeqBertConfig(PretrainedConfig):
             TypeError: a field has the wrong type.
             ValueError: a field has a value outside what is allowed; the message names the field and the value.
         """
-        super().validate()
+        if hasattr(PretrainedConfig, "validate"):  # not in transformers 5.0
+            super().validate()
         self.validate_seqbert_fields()
 
     def validate_seqbert_fields(self) -> None:

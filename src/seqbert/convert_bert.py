@@ -34,8 +34,10 @@ A transformers `EncoderDecoderModel` stores its encoder under `encoder.` and its
 `decoder.bert.` / `decoder.cls.`.
 """
 
+import contextlib
 import functools
 import json
+import logging as pylogging
 import os
 import re
 import zipfile
@@ -857,6 +859,36 @@ def check_bert_loading_info(
         raise ValueError(
             f"{where}: {len(missing)} parameter(s) outside the task heads are not in the checkpoint and would keep "
             f"their random initialisation: {_listed(missing)}. Likely cause: {'; '.join(causes)}"
+        )
+
+
+class _WithoutLoadReport(pylogging.Filter):
+    def filter(self, record: pylogging.LogRecord) -> bool:
+        return "LOAD REPORT" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def quiet_loading_report():
+    """Inside the block, transformers' loading report (a WARNING of `transformers.modeling_utils` that starts with
+    "... LOAD REPORT") is not shown: `from_bert_pretrained` loads a converted state dict, for which it would name no
+    source ("from: None"), and reports with `report_bert_loading` instead."""
+    report_logger, report_filter = logging.get_logger("transformers.modeling_utils"), _WithoutLoadReport()
+    report_logger.addFilter(report_filter)
+    try:
+        yield
+    finally:
+        report_logger.removeFilter(report_filter)
+
+
+def report_bert_loading(loading_info: dict, where: str) -> None:
+    """Log what a BERT conversion left new (a WARNING, as transformers reports missing weights) and what of the
+    checkpoint it did not use (INFO)."""
+    new = sorted({*loading_info["missing_keys"], *(name for name, _, _ in loading_info["mismatched_keys"])})
+    if new:
+        logger.warning(f"{where}: newly initialised, to be trained before use: {_listed(new)}")
+    if loading_info["unexpected_keys"]:
+        logger.info(
+            f"{where}: checkpoint weights this model has no place for: {_listed(sorted(loading_info['unexpected_keys']))}"
         )
 
 

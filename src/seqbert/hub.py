@@ -14,6 +14,7 @@ again later (the push script does, with the repository id and the commit sha tha
 """
 
 import datetime
+import importlib.resources
 import json
 import math
 import os
@@ -28,13 +29,14 @@ from huggingface_hub.utils import filter_repo_objects
 from safetensors import safe_open
 from transformers.dynamic_module_utils import get_relative_imports
 
+from .configuration_seqbert import MIN_TRANSFORMERS_VERSION
 from .convert_bert import safetensors_file_problem
 
 
 RUN_INFO_NAME = "seqbert_run.json"
 CARD_NAME = "README.md"
-TEMPLATE_PATH = Path(__file__).resolve().parents[2] / "hub_card" / "model_card_template.md"
-MIN_TRANSFORMERS = "5.23"
+# The template ships in the package (`seqbert.hub_card`, the repository's top-level hub_card/).
+TEMPLATE_PATH = Path(str(importlib.resources.files("seqbert.hub_card") / "model_card_template.md"))
 
 # What never goes to the Hub from an output folder: intermediate Trainer checkpoints, TensorBoard logs, and the pickled
 # files Trainer writes (training arguments, optimizer and scheduler states). The card records the recipe instead.
@@ -56,7 +58,8 @@ ARCHITECTURES = {
     "SeqBertForSequenceClassification": (
         "AutoModelForSequenceClassification",
         "text-classification",
-        'logits = model(**tokenizer("A gripping, funny film.", return_tensors="pt")).logits\n'
+        'inputs = tokenizer("A gripping, funny film.", truncation=True, return_tensors="pt")  # cut at model_max_length\n'
+        "logits = model(**inputs).logits\n"
         "print(model.config.id2label[logits.argmax(-1).item()])",
     ),
     "SeqBertForTokenClassification": (
@@ -85,7 +88,8 @@ ARCHITECTURES = {
     "SeqBertForConditionalGeneration": (
         "AutoModelForSeq2SeqLM",
         "text2text-generation",
-        'ids = model.generate(**tokenizer("And God said, Let there be light.", return_tensors="pt"), num_beams=4)\n'
+        'inputs = tokenizer("And God said, Let there be light.", truncation=True, return_tensors="pt")\n'
+        "ids = model.generate(**inputs, num_beams=4)\n"
         "print(tokenizer.decode(ids[0], skip_special_tokens=True))",
     ),
 }
@@ -199,8 +203,8 @@ def training_recipe(training_args, metrics: dict, steps: int, **extra) -> dict[s
     recipe = {
         "training length": length,
         "global batch": (
-            f"{global_batch} ({args.per_device_train_batch_size} per device x {args.world_size} processes x "
-            f"{args.gradient_accumulation_steps} accumulation steps)"
+            f"{global_batch} ({args.per_device_train_batch_size} per device x {_count(args.world_size, 'process')} x "
+            f"{_count(args.gradient_accumulation_steps, 'accumulation step')})"
         ),
         "optimizer": f"{args.optim.value if hasattr(args.optim, 'value') else args.optim}, "
         f"weight decay {args.weight_decay:g}",
@@ -218,6 +222,12 @@ def training_recipe(training_args, metrics: dict, steps: int, **extra) -> dict[s
     }
     recipe.update({name.replace("_", " "): str(value) for name, value in extra.items() if value is not None})
     return recipe
+
+
+def _count(n: int, noun: str) -> str:
+    """`n` and `noun`, plural unless `n` is 1 ("1 process", "2 processes")."""
+    plural = noun + ("es" if noun.endswith("s") else "s")
+    return f"{n} {noun if n == 1 else plural}"
 
 
 def auto_class_name(model_dir) -> str:
@@ -277,8 +287,8 @@ def render_model_card(model_dir, repo_id: str | None = None, revision: str | Non
         metrics, model-index) and the text.
 
     Raises:
-        FileNotFoundError: `config.json` or `seqbert_run.json` is missing, or the template is (it ships in the
-            repository's `hub_card/`, next to `src/`).
+        FileNotFoundError: `config.json` or `seqbert_run.json` is missing, or the template is (package data of
+            seqbert, `seqbert.hub_card`: a broken install).
         ValueError: the folder holds no SeqBERT model.
     """
     model_dir = Path(model_dir)
@@ -337,7 +347,8 @@ def render_model_card(model_dir, repo_id: str | None = None, revision: str | Non
         template_path=str(TEMPLATE_PATH),
         model_name=run["model_name"],
         summary=run["summary"],
-        min_transformers=MIN_TRANSFORMERS,
+        min_transformers=MIN_TRANSFORMERS_VERSION,
+        seqbert_version=config.get("seqbert_version", "unknown"),
         architecture=architecture,
         auto_class=auto_class,
         layers=layers,

@@ -13,6 +13,7 @@ V vocab_size, C num_labels.
 import importlib
 import importlib.abc
 import importlib.util
+import inspect
 import math
 import sys
 from collections.abc import Callable
@@ -49,9 +50,8 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
 from transformers.processing_utils import Unpack
 from transformers.utils import ModelOutput, logging
 from transformers.utils.generic import TransformersKwargs, can_return_tuple
-from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
-from .configuration_seqbert import SeqBertConfig
+from .configuration_seqbert import SeqBertConfig, check_transformers_version
 from .convert_bert import (
     check_bert_loading_info,
     checkpoint_config_dict,
@@ -59,11 +59,34 @@ from .convert_bert import (
     fused_attention_error,
     load_bert_as_seqbert_state_dict,
     mismatched_sizes_error,
+    quiet_loading_report,
     refuse_pickled_weights,
+    report_bert_loading,
 )
 
 
 logger = logging.get_logger(__name__)
+
+# Saved folders load on every transformers 5.x release (scripts/check_transformers_versions.py checks them).
+# transformers 5.0 and 5.1 kept the output recorder in `utils.generic`, as the decorator `check_model_inputs`; the mask
+# builders took `input_embeds` (later `inputs_embeds`) and, until 5.3, the query positions `cache_position`.
+check_transformers_version()
+try:
+    from transformers.utils.output_capturing import OutputRecorder, capture_outputs
+except ImportError:  # transformers < 5.2
+    from transformers.utils.generic import OutputRecorder
+    from transformers.utils.generic import check_model_inputs as capture_outputs
+
+
+def _mask_arguments(function: Callable, inputs_embeds: torch.Tensor, past_length: int = 0, **kwargs) -> dict:
+    """Keyword arguments for a `masking_utils` mask builder of the installed transformers (see above)."""
+    parameters = inspect.signature(function).parameters
+    kwargs["inputs_embeds" if "inputs_embeds" in parameters else "input_embeds"] = inputs_embeds
+    if "cache_position" in parameters:
+        kwargs["cache_position"] = torch.arange(
+            past_length, past_length + inputs_embeds.shape[1], device=inputs_embeds.device
+        )
+    return kwargs
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -312,9 +335,9 @@ class SeqBertAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B, N, L, D) queries and (B, N, S, D) keys/values -> `(output (B, L, H), weights (B, N, L, S) or None)`;
         with `unpadded`, the output is (1, T, H) over the real tokens (the projection skips padding)."""
-        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, eager_attention_forward
-        )
+        attention_interface: Callable = eager_attention_forward
+        if self.config._attn_implementation != "eager":
+            attention_interface = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
         attn_output, attn_weights = attention_interface(
             self,
             query,
@@ -1019,6 +1042,10 @@ class SeqBertPreTrainedModel(PreTrainedModel):
         error = fused_attention_error(loading_info["unexpected_keys"], f"{cls.__name__}.from_pretrained({str(path)!r})")
         if error is not None:
             raise error
+        if model.config.tie_word_embeddings:
+            # transformers 5.3 marks the tied LM head of remote code as initialised before it lists the missing keys,
+            # then leaves it untied, on the meta device (with a warning that both matrices were in the checkpoint).
+            model.tie_weights()
         return (model, loading_info) if output_loading_info else model
 
     @classmethod
@@ -1081,24 +1108,27 @@ class SeqBertPreTrainedModel(PreTrainedModel):
             **hub_kwargs,
         )
         loaded_keys = set(state_dict)
-        model, loading_info = cls.from_pretrained(
-            None,
-            config=config,
-            state_dict=state_dict,
-            ignore_mismatched_sizes=True,
-            output_loading_info=True,
-            **loading_kwargs,
-        )
+        where = f"{cls.__name__}.from_bert_pretrained({str(pretrained_model_name_or_path)!r})"
+        with quiet_loading_report():
+            model, loading_info = cls.from_pretrained(
+                None,
+                config=config,
+                state_dict=state_dict,
+                ignore_mismatched_sizes=True,
+                output_loading_info=True,
+                **loading_kwargs,
+            )
         check_bert_loading_info(
             loading_info,
             model.config,
             loaded_keys,
             pretrained_model_name_or_path,
-            where=f"{cls.__name__}.from_bert_pretrained({str(pretrained_model_name_or_path)!r})",
+            where=where,
             overrides=kwargs,
             ignore_mismatched_sizes=ignore_mismatched_sizes,
             **hub_kwargs,
         )
+        report_bert_loading(loading_info, where)
         if model.can_generate():
             # Keep the generation settings the checkpoint ships (beam size, length limits, ...), if any.
             try:
@@ -1203,10 +1233,13 @@ class SeqBertModel(SeqBertPreTrainedModel):
             # One mask per forward, in the format the attention backend wants (None when nothing is masked); packed
             # rows add a block-diagonal constraint (each token attends within its own sequence).
             mask = create_bidirectional_mask(
-                config=self.config,
-                inputs_embeds=embedding_output,
-                attention_mask=attention_mask,
-                and_mask_function=None if sequence_ids is None else packed_sequence_mask_function(sequence_ids),
+                **_mask_arguments(
+                    create_bidirectional_mask,
+                    embedding_output,
+                    config=self.config,
+                    attention_mask=attention_mask,
+                    and_mask_function=None if sequence_ids is None else packed_sequence_mask_function(sequence_ids),
+                )
             )
             sequence_output = self.encoder(embedding_output, mask, **kwargs)  # (B, L, H)
             if self.config._attn_implementation == "sdpa" and attention_mask is not None and attention_mask.dim() == 2:
@@ -1224,11 +1257,12 @@ class SeqBertModel(SeqBertPreTrainedModel):
                 inputs_embeds=None if inputs_embeds is None else unpadded.unpad(inputs_embeds),
             )  # (1, T, H)
             num_sequences, max_length = unpadded.attention_mask.shape
+            layout = embedding_output.new_zeros(()).expand(num_sequences, max_length, 1)  # the attention layout
             mask = create_bidirectional_mask(
-                config=self.config,
-                inputs_embeds=embedding_output.new_zeros(()).expand(num_sequences, max_length, 1),
-                attention_mask=unpadded.attention_mask,
-            )  # for the (S, L_max) attention layout
+                **_mask_arguments(
+                    create_bidirectional_mask, layout, config=self.config, attention_mask=unpadded.attention_mask
+                )
+            )
             sequence_output = unpadded.pad(self.encoder(embedding_output, mask, unpadded=unpadded, **kwargs))
         pooled_output = self.pooler(sequence_output) if self.pooler is not None else None  # (B, H)
         return BaseModelOutputWithPooling(last_hidden_state=sequence_output, pooler_output=pooled_output)
@@ -1373,19 +1407,26 @@ class SeqBertDecoder(SeqBertPreTrainedModel):
         )
         # The masks once per forward, in the format of the configured attention backend.
         attention_mask = create_causal_mask(
-            config=self.config,
-            inputs_embeds=hidden_states,
-            attention_mask=attention_mask,
-            past_key_values=self_attention_cache,
-            position_ids=position_ids,
+            **_mask_arguments(
+                create_causal_mask,
+                hidden_states,
+                past_length,
+                config=self.config,
+                attention_mask=attention_mask,
+                past_key_values=self_attention_cache,
+                position_ids=position_ids,
+            )
         )
         cross_attention_inputs = ()
         if self.add_cross_attention:
             encoder_attention_mask = create_bidirectional_mask(
-                config=self.config,
-                inputs_embeds=hidden_states,
-                attention_mask=encoder_attention_mask,
-                encoder_hidden_states=encoder_hidden_states,
+                **_mask_arguments(
+                    create_bidirectional_mask,
+                    hidden_states,
+                    config=self.config,
+                    attention_mask=encoder_attention_mask,
+                    encoder_hidden_states=encoder_hidden_states,
+                )
             )
             cross_attention_inputs = (encoder_hidden_states, encoder_attention_mask)
         for layer in self.layers:

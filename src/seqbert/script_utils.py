@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import datasets
+import torch
 import transformers
 from transformers import HfArgumentParser, PretrainedConfig, TrainingArguments
 from transformers.trainer_utils import SaveStrategy
@@ -36,6 +37,11 @@ class ScriptTrainingDefaults:
     report_to: None | str | list[str] = field(
         default="none", metadata={"help": "Integrations to report to (tensorboard, wandb, ...), or none."}
     )
+    # Pinned host memory speeds up copies to an accelerator; without one, torch only warns, for every data loader.
+    dataloader_pin_memory: bool = field(
+        default=torch.accelerator.is_available(),
+        metadata={"help": "Pin data-loader memory (default: where an accelerator is present)."},
+    )
 
 
 # File types that `--train_file` / `--validation_file` / `--test_file` accept.
@@ -52,6 +58,22 @@ class ScriptInputError(ValueError):
     value and what is allowed. Called from Python, a script's `main` raises it (it is a `ValueError`); on the command
     line `run_cli` prints it as a one-line usage error without a traceback.
     """
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults after each argument's help (HfArgumentParser's own choice), the description's lines as written."""
+
+
+def script_parser(dataclass_types, docstring: str) -> HfArgumentParser:
+    """
+    The `HfArgumentParser` of a script, whose `--help` starts with the first paragraph of the script's `docstring`:
+    what the script does and how long its default run takes.
+    """
+    description = docstring.strip().split("\n\n")[0]
+    # A one-line usage: argparse's own lists every option first (over a hundred lines with TrainingArguments).
+    return HfArgumentParser(
+        dataclass_types, usage="%(prog)s [--option value ...]", description=description, formatter_class=_HelpFormatter
+    )
 
 
 def parse_arguments(parser: HfArgumentParser, argv: list[str] | None) -> tuple:
@@ -100,7 +122,7 @@ def setup_logging(training_args: TrainingArguments, logger: logging.Logger) -> N
     transformers.utils.logging.set_verbosity(log_level)
     transformers.utils.logging.enable_default_handler()
     transformers.utils.logging.enable_explicit_format()
-    logger.warning(
+    logger.info(
         f"Process rank: {training_args.process_index}, device: {training_args.device}, n_gpu: {training_args.n_gpu}, "
         f"distributed training: {training_args.parallel_mode == ParallelMode.DISTRIBUTED}"
     )

@@ -1,8 +1,12 @@
 """Load saved SeqBERT folders the way a Hub user does: `trust_remote_code=True`, with seqbert NOT importable.
 
-Run by tests/test_hub.py in a separate process:
+Run in a separate process by the tests (tests/conftest.py `run_without_seqbert`) and, with other transformers
+releases, by scripts/check_transformers_versions.py:
 
-    python tests/load_without_seqbert.py JOBS.json OUTPUT.safetensors
+    python scripts/load_without_seqbert.py JOBS.json OUTPUT.safetensors
+
+It needs only torch and transformers (sentence-transformers and peft for the `embed` and `lora` jobs, accelerate for
+`resume`).
 
 Before anything else an import hook makes `import seqbert` (and every `seqbert.*`) fail, so the only SeqBERT code this
 process can run is the code saved in the folders. Each job of JOBS.json (a list) is one of:
@@ -25,6 +29,7 @@ Loaded classes must come from `transformers_modules` (the dynamic-module cache),
 
 import importlib.abc
 import importlib.util
+import os
 import sys
 
 
@@ -36,6 +41,9 @@ class _NoSeqbert(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, _NoSeqbert())
+# Python puts this script's folder first on the path; its `accelerate/` (launch configs, no package) would pass for the
+# accelerate package where that is not installed.
+sys.path = [entry for entry in sys.path if os.path.abspath(entry or ".") != os.path.dirname(os.path.abspath(__file__))]
 
 import json  # noqa: E402
 

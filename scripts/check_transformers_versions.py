@@ -1,0 +1,256 @@
+#!/usr/bin/env python
+"""Check that saved SeqBERT folders load, with `trust_remote_code=True`, on other transformers releases: each release in
+a throwaway virtual environment that holds only torch and transformers (and their dependencies), with outputs
+compared to this environment's. The default run (27 releases) takes about 25 minutes on 2 CPU cores the first time,
+when it builds the environments, and about 10 minutes once they exist.
+
+    python scripts/check_transformers_versions.py                       # the default releases, reference folders
+    python scripts/check_transformers_versions.py --versions 5.0.0 5.4.0 --folders runs/rt_minilm runs/rt_minilm/checkpoint-250
+
+Without `--folders` it writes reference folders first: the MiniLM checkpoint in every encoder head (heads seeded),
+the causal LM and the BERT2BERT seq2seq model, plus a Trainer checkpoint of a two-step classifier run. Each folder
+then gets the jobs of `scripts/load_without_seqbert.py`: a forward pass on real Rotten Tomatoes snippets (token ids
+below the folder's vocabulary size), and for generating models greedy and beam-4 `generate`. The same jobs run here
+first, in a process without seqbert, and every release must reproduce those tensors exactly.
+
+The environments live in `--venv_root` (default `~/.cache/seqbert/venvs`) and are reused. To save time and disk they
+share one torch: a torch-only environment `torch-<version>` is built once, and each release's environment reaches it
+through a `.pth` file; its own site-packages (transformers and its dependencies) come first on the path. torch is
+installed with `pip install torch==<this environment's version>` plus `--pip_args` (for example
+`--index-url https://download.pytorch.org/whl/cpu` on a machine where PyPI's torch is the CUDA build).
+
+Prints a table (release -> result) and writes it to `--json_file`. Exit status 1 if a 5.x release fails or differs.
+"""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import venv
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from seqbert.script_utils import script_parser
+
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNNER = ROOT / "scripts" / "load_without_seqbert.py"
+# The newest patch of every 5.x minor release up to the one this project is developed with, and three 4.x releases
+# (which must stop with SeqBERT's one-line message).
+DEFAULT_VERSIONS = [
+    "4.40.2", "4.48.3", "4.57.6",
+    "5.0.0", "5.1.0", "5.2.0", "5.3.0", "5.4.0", "5.5.4", "5.6.2", "5.7.0", "5.8.1", "5.9.0", "5.10.4", "5.11.0",
+    "5.12.1", "5.13.1", "5.14.1", "5.15.1", "5.16.1", "5.17.0", "5.18.0", "5.19.0", "5.20.2", "5.21.1", "5.22.2",
+    "5.23.0",
+]  # fmt: skip
+
+
+@dataclass
+class CheckArguments:
+    versions: list[str] = field(default_factory=lambda: list(DEFAULT_VERSIONS), metadata={"help": "Releases."})
+    folders: list[str] = field(default_factory=list, metadata={"help": "Saved folders (default: reference ones)."})
+    venv_root: str = field(
+        default=str(Path.home() / ".cache" / "seqbert" / "venvs"), metadata={"help": "Where environments live."}
+    )
+    pip_args: str = field(default="", metadata={"help": "Extra pip arguments for installing torch."})
+    json_file: str | None = field(default=None, metadata={"help": "Write the results here too."})
+
+
+def _python(venv_dir: Path) -> Path:
+    return venv_dir / "bin" / "python"
+
+
+def _site_packages(venv_dir: Path) -> Path:
+    found = list((venv_dir / "lib").glob("python*/site-packages"))
+    if len(found) != 1:
+        raise RuntimeError(f"cannot find the site-packages folder of {venv_dir}")
+    return found[0]
+
+
+def _pip(venv_dir: Path, *args: str) -> None:
+    command = [str(_python(venv_dir)), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{shlex.join(command)} failed:\n{result.stderr[-3000:]}")
+
+
+def torch_environment(root: Path, pip_args: str = "") -> Path:
+    """The torch-only environment shared by every release's environment, built once."""
+    folder = root / f"torch-{torch.__version__.split('+')[0]}"
+    if not (folder / ".complete").exists():
+        venv.create(folder, with_pip=True, clear=True)
+        _pip(folder, f"torch=={torch.__version__.split('+')[0]}", *shlex.split(pip_args))
+        (folder / ".complete").touch()
+    return folder
+
+
+def release_environment(root: Path, version: str, pip_args: str = "") -> Path:
+    """An environment with transformers `version` and the shared torch, built once."""
+    folder = root / f"transformers-{version}"
+    if not (folder / ".complete").exists():
+        shared = torch_environment(root, pip_args)
+        venv.create(folder, with_pip=True, clear=True)
+        (_site_packages(folder) / "_seqbert_shared_torch.pth").write_text(f"{_site_packages(shared)}\n")
+        _pip(folder, f"transformers=={version}")
+        (folder / ".complete").touch()
+    return folder
+
+
+def run_jobs(python: str, jobs: list[dict], work: Path, name: str) -> tuple[dict | None, str]:
+    """Run the jobs with `python`; return the tensors (or None) and the last line of the error output."""
+    jobs_file, output = work / f"{name}.json", work / f"{name}.safetensors"
+    jobs_file.write_text(json.dumps(jobs))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(work / f"modules-{name}"))
+    env.pop("PYTHONPATH", None)
+    result = subprocess.run(
+        [python, str(RUNNER), str(jobs_file), str(output)], capture_output=True, text=True, env=env, cwd=work
+    )
+    if result.returncode != 0:
+        lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+        return None, lines[-1] if lines else f"exit status {result.returncode}"
+    return load_file(output), ""
+
+
+def reference_folders(work: Path) -> list[Path]:
+    """Save the reference folders (see the module docstring) under `work`."""
+    from transformers import AutoTokenizer, DataCollatorWithPadding, TrainingArguments
+
+    import seqbert
+    from seqbert.data import load_rotten_tomatoes, minilm_checkpoint_path
+    from seqbert.training import SeqBertTrainer
+
+    path = minilm_checkpoint_path()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    folders = []
+    classes = [
+        seqbert.SeqBertModel,
+        seqbert.SeqBertForMaskedLM,
+        seqbert.SeqBertForSequenceClassification,
+        seqbert.SeqBertForTokenClassification,
+        seqbert.SeqBertForQuestionAnswering,
+        seqbert.SeqBertForMultipleChoice,
+        seqbert.SeqBertForCausalLM,
+        seqbert.SeqBertForConditionalGeneration,
+    ]
+    for model_class in classes:
+        torch.manual_seed(0)
+        folder = work / "folders" / model_class.__name__
+        model_class.from_bert_pretrained(path, num_labels=2).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        folders.append(folder)
+    snippets = load_rotten_tomatoes(num_train=16, num_validation=16)["train"]
+    encoded = tokenizer(list(snippets["text"]), truncation=True, max_length=64)
+    train = [
+        {"input_ids": ids, "attention_mask": mask, "labels": label}
+        for ids, mask, label in zip(encoded["input_ids"], encoded["attention_mask"], snippets["label"], strict=True)
+    ]
+    output_dir = work / "folders" / "trainer"
+    args = TrainingArguments(
+        output_dir=str(output_dir), max_steps=2, per_device_train_batch_size=8, save_steps=2, report_to="none",
+        use_cpu=True, dataloader_pin_memory=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = seqbert.SeqBertForSequenceClassification.from_bert_pretrained(path, num_labels=2)
+    trainer = SeqBertTrainer(
+        model=model, args=args, train_dataset=train, data_collator=DataCollatorWithPadding(tokenizer)
+    )
+    trainer.train()
+    folders.append(output_dir / "checkpoint-2")
+    return folders
+
+
+def jobs_for(folders: list[Path], work: Path) -> list[dict]:
+    """Forward (and generate) jobs for each folder on real snippets."""
+    from transformers import AutoTokenizer
+
+    from seqbert.data import load_rotten_tomatoes, minilm_checkpoint_path
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_checkpoint_path())
+    texts = list(load_rotten_tomatoes(num_train=8, num_validation=8)["validation"]["text"])[:4]
+    plain = dict(tokenizer(texts, padding=True, truncation=True, max_length=48, return_tensors="pt"))
+    pairs = tokenizer([texts[0]] * 2 + [texts[1]] * 2, texts, padding=True, truncation=True, max_length=48)
+    choices = {k: torch.tensor(v).view(2, 2, -1).contiguous() for k, v in pairs.items()}
+    jobs = []
+    for index, folder in enumerate(folders):
+        config = json.loads((folder / "config.json").read_text())
+        architecture = (config.get("architectures") or ["SeqBertModel"])[0]
+        inputs = choices if architecture == "SeqBertForMultipleChoice" else dict(plain)
+        inputs = {k: v.clamp(max=config["vocab_size"] - 1) if k == "input_ids" else v for k, v in inputs.items()}
+        if architecture == "SeqBertForCausalLM":  # decoder-only prompts are padded on the left, as for generate
+            left = tokenizer(
+                texts, padding=True, truncation=True, max_length=48, padding_side="left", return_tensors="pt"
+            )
+            inputs = {k: v for k, v in left.items() if k != "token_type_ids"}
+        forward_inputs = dict(inputs)
+        if architecture == "SeqBertForConditionalGeneration":
+            forward_inputs["decoder_input_ids"] = inputs["input_ids"][:, :6].contiguous()
+        inputs_file, forward_file = work / f"inputs-{index}.safetensors", work / f"forward-{index}.safetensors"
+        save_file(inputs, inputs_file)
+        save_file(forward_inputs, forward_file)
+        auto_class = next(k for k, v in config["auto_map"].items() if v.endswith("." + architecture))
+        name = f"{index}-{architecture}"
+        base = {"folder": str(folder), "auto_class": auto_class, "inputs": str(inputs_file)}
+        jobs.append({"name": name, "mode": "forward", **base, "inputs": str(forward_file)})
+        if architecture in ("SeqBertForConditionalGeneration", "SeqBertForCausalLM"):
+            for decoding, options in {"greedy": {}, "beam4": {"num_beams": 4}}.items():
+                kwargs = {"max_new_tokens": 8, **options}
+                jobs.append({"name": f"{name}-{decoding}", "mode": "generate", "generate_kwargs": kwargs, **base})
+    return jobs
+
+
+def compare(expected: dict, got: dict | None, error: str) -> str:
+    if got is None:
+        return f"fails: {error}"
+    if set(got) != set(expected):
+        return f"differs: outputs {sorted(set(expected) ^ set(got))}"
+    differing = sorted(k for k in expected if not torch.equal(got[k], expected[k]))
+    if not differing:
+        return "identical"
+    worst = max((got[k].float() - expected[k].float()).abs().max().item() for k in differing)
+    return f"differs: {', '.join(differing)} (max |delta| {worst:.1e})"
+
+
+def check(versions: list[str], folders: list[Path], root: Path, work: Path, pip_args: str = "") -> dict[str, str]:
+    """Run the folders' jobs on each release; return release -> result."""
+    jobs = jobs_for(folders, work)
+    expected, error = run_jobs(sys.executable, jobs, work, "reference")
+    if expected is None:
+        raise RuntimeError(f"the jobs fail in this environment: {error}")
+    results = {}
+    for version in versions:
+        environment = release_environment(root, version, pip_args)
+        got, error = run_jobs(str(_python(environment)), jobs, work, f"transformers-{version}")
+        results[version] = compare(expected, got, error)
+        print(f"transformers {version:<8} {results[version]}", flush=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> dict[str, str]:
+
+    (args,) = script_parser(CheckArguments, __doc__).parse_args_into_dataclasses(args=argv)
+    root = Path(args.venv_root).expanduser()
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        folders = [Path(f).resolve() for f in args.folders] or reference_folders(work)
+        print(
+            f"{len(folders)} folders, this environment: torch {torch.__version__}, python {sysconfig.get_python_version()}"
+        )
+        results = check(args.versions, folders, root, work, args.pip_args)
+    if args.json_file:
+        Path(args.json_file).write_text(json.dumps(results, indent=2))
+    failed = [v for v, r in results.items() if not v.startswith("4.") and r != "identical"]
+    if failed:
+        print(f"not identical on: {', '.join(failed)}")
+    return results
+
+
+if __name__ == "__main__":
+    results = main()
+    sys.exit(1 if any(not v.startswith("4.") and r != "identical" for v, r in results.items()) else 0)

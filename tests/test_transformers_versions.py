@@ -1,0 +1,51 @@
+"""Saved SeqBERT folders on the oldest supported transformers release, 5.0.0, in a virtual environment that holds only
+torch and transformers (no seqbert): every encoder head, the causal LM and the seq2seq model (forward, greedy and
+beam-4 `generate`) and a Trainer checkpoint give exactly this environment's outputs. On transformers 4.x loading stops
+with SeqBERT's one-line message. The environments are built once by scripts/check_transformers_versions.py (which
+checks every release) and cached in ~/.cache/seqbert/venvs."""
+
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+import seqbert
+from seqbert.configuration_seqbert import MIN_TRANSFORMERS_VERSION, check_transformers_version
+
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import check_transformers_versions  # noqa: E402
+
+
+VENV_ROOT = Path.home() / ".cache" / "seqbert" / "venvs"
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    work = tmp_path_factory.mktemp("versions")
+    return work, check_transformers_versions.reference_folders(work)
+
+
+def test_every_folder_gives_identical_outputs_on_the_oldest_supported_release(folders):
+    work, saved = folders
+    assert MIN_TRANSFORMERS_VERSION == "5.0.0"
+    results = check_transformers_versions.check([MIN_TRANSFORMERS_VERSION], saved, VENV_ROOT, work)
+    assert results == {"5.0.0": "identical"}
+    assert {folder.name for folder in saved} >= {
+        "SeqBertForConditionalGeneration",
+        "SeqBertForCausalLM",
+        "checkpoint-2",
+    }
+
+
+def test_transformers_4_stops_with_one_line_naming_the_version_needed(folders, monkeypatch):
+    work, saved = folders
+    results = check_transformers_versions.check(["4.57.6"], saved[:1], VENV_ROOT, work)
+    assert results["4.57.6"] == (
+        "fails: ImportError: SeqBERT models need transformers >= 5.0.0, but transformers 4.57.6 is installed: "
+        "pip install -U 'transformers>=5.0.0'"
+    )
+    monkeypatch.setattr(seqbert.configuration_seqbert.transformers, "__version__", "4.40.0")
+    with pytest.raises(ImportError, match=r"need transformers >= 5\.0\.0, but transformers 4\.40\.0 is installed"):
+        check_transformers_version()
