@@ -335,9 +335,9 @@ class SeqBertAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B, N, L, D) queries and (B, N, S, D) keys/values -> `(output (B, L, H), weights (B, N, L, S) or None)`;
         with `unpadded`, the output is (1, T, H) over the real tokens (the projection skips padding)."""
-        attention_interface: Callable = eager_attention_forward
+        attention_interface: Callable = eager_attention_forward  # also for a bare config (implementation None)
         if self.config._attn_implementation != "eager":
-            attention_interface = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
+            attention_interface = ALL_ATTENTION_FUNCTIONS.get(self.config._attn_implementation, eager_attention_forward)
         attn_output, attn_weights = attention_interface(
             self,
             query,
