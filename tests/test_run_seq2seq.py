@@ -1,10 +1,12 @@
 """scripts/run_seq2seq.py end to end on the real offline verse pairs (a small slice), and the data split it uses."""
 
 import json
+import sys
 
 import pytest
 import sacrebleu
 import torch
+from conftest import ROOT
 from transformers import AutoModel, AutoModelForSeq2SeqLM, AutoTokenizer
 
 import seqbert
@@ -52,3 +54,25 @@ def test_saved_folder_loads_as_seq2seq_and_as_encoder(seq2seq_run):
         torch.testing.assert_close(
             encoder(**batch).last_hidden_state, model.get_encoder()(**batch).last_hidden_state, rtol=0, atol=0
         )
+
+
+def test_labels_leave_the_decoder_start_token_to_the_decoder_input(tokenizer):
+    """BERT's tokenizer opens each target with [CLS], which is also the decoder start: the labels drop it, so the
+    decoder reads `[CLS] w1 ... wn` and predicts `w1 ... wn [SEP]` (no "[CLS] follows [CLS]" to learn)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import run_seq2seq
+
+    pairs = load_bible_pairs()["train"].select(range(4))
+    batch = {"source": list(pairs["source"]), "target": list(pairs["target"])}
+    encoded = run_seq2seq.tokenize_pairs(batch, tokenizer, run_seq2seq.DataArguments(), tokenizer.cls_token_id)
+    for labels, target in zip(encoded["labels"], batch["target"], strict=True):
+        ids = tokenizer(target)["input_ids"]
+        assert ids[0] == tokenizer.cls_token_id and labels == ids[1:] and labels[-1] == tokenizer.sep_token_id
+        decoder_input = seqbert.modeling_seqbert.shift_tokens_right(
+            torch.tensor([labels]), tokenizer.pad_token_id, tokenizer.cls_token_id
+        )[0].tolist()
+        assert decoder_input == ids[:-1]  # [CLS] w1 ... wn
+    assert encoded["input_ids"] == tokenizer(batch["source"], truncation=True, max_length=128)["input_ids"]
+    # A decoder start the tokenizer does not put first leaves the targets whole.
+    other = run_seq2seq.tokenize_pairs(batch, tokenizer, run_seq2seq.DataArguments(), tokenizer.sep_token_id)
+    assert other["labels"] == tokenizer(batch["target"])["input_ids"]

@@ -222,15 +222,42 @@ def bert2bert_state_dict_to_seqbert(
     return {**_convert(encoder, config, "encoder"), **_convert(decoder, config, "decoder"), **others}
 
 
-def warm_start_state_dict(state_dict: dict[str, torch.Tensor], config: SeqBertConfig) -> dict[str, torch.Tensor]:
+CROSS_ATTENTION_INITS = ("self_attention", "random")
+
+
+def warm_start_state_dict(
+    state_dict: dict[str, torch.Tensor], config: SeqBertConfig, cross_attention_init: str = "self_attention"
+) -> dict[str, torch.Tensor]:
     """
     BERT2BERT warm start (Rothe et al. 2020, "Leveraging Pre-trained Checkpoints for Sequence Generation Tasks"; what
     `EncoderDecoderModel.from_encoder_decoder_pretrained` does): encoder and decoder both start from the same BERT
-    weights, as two copies; the LM head from BERT's `cls.predictions` when the checkpoint has one. Cross-attention is
-    absent, so `from_pretrained` initialises it and reports it as missing.
+    weights, as two copies; the LM head from BERT's `cls.predictions` when the checkpoint has one.
+
+    BERT has no cross-attention. With `cross_attention_init="self_attention"` (the default) each decoder layer's
+    cross-attention starts as a copy of the same BERT layer's self-attention (query, key, value, output projection
+    and its LayerNorm): decoder queries then meet encoder keys in the space BERT's own attention learned, so the
+    decoder can attend to the source from the first step. This initialisation is seqbert's own (Rothe et al. leave
+    cross-attention random; we know of no published source); README's seq2seq ablation measures it. With
+    `"random"`, cross-attention is left out of the state dict, so `from_pretrained` initialises it at random and
+    reports it as missing, exactly as BERT2BERT does.
+
+    Raises:
+        ValueError: `cross_attention_init` is not one of `CROSS_ATTENTION_INITS`.
     """
+    if cross_attention_init not in CROSS_ATTENTION_INITS:
+        raise ValueError(
+            f"cross_attention_init ({cross_attention_init!r}) must be one of {', '.join(map(repr, CROSS_ATTENTION_INITS))}"
+        )
     encoder = {k: v for k, v in _convert(state_dict, config, "encoder").items() if not k.startswith("lm_head.")}
     decoder = {k: v.clone() for k, v in _convert(state_dict, config, "decoder").items()}
+    if cross_attention_init == "self_attention":
+        decoder.update(
+            {
+                re.sub(r"\.self_attention(_norm)?\.", r".cross_attention\1.", key): tensor.clone()
+                for key, tensor in decoder.items()
+                if re.search(r"^decoder\.layers\.\d+\.self_attention(_norm)?\.", key)
+            }
+        )
     return {**encoder, **decoder}
 
 
@@ -595,6 +622,7 @@ def load_bert_as_seqbert_state_dict(
     config_overrides: dict | None = None,
     target: str = "encoder",
     use_safetensors: bool | None = None,
+    cross_attention_init: str | None = None,
     **hub_kwargs,
 ) -> tuple[SeqBertConfig, dict[str, torch.Tensor]]:
     """
@@ -615,6 +643,8 @@ def load_bert_as_seqbert_state_dict(
             conversion).
         use_safetensors: `False` also accepts pickled `pytorch_model.bin` weights when there are no safetensors
             (read with `torch.load(weights_only=True)`); by default only safetensors are read.
+        cross_attention_init: how a BERT warm start fills the decoder's cross-attention (`warm_start_state_dict`):
+            `"self_attention"` (default) or `"random"`. Only for a seq2seq warm start from a plain BERT checkpoint.
         **hub_kwargs: `cache_dir`, `revision`, `token`, `local_files_only`, ... passed to the Hub resolution.
 
     Raises:
@@ -622,7 +652,8 @@ def load_bert_as_seqbert_state_dict(
             message names the model_type found and what is allowed, and points SeqBERT checkpoints to
             `from_pretrained`), its encoder and decoder sizes differ, it has no weights file (or only pickled ones
             without `use_safetensors=False`), or a BERT warm start has no tokenizer to read
-            `decoder_start_token_id`/`eos_token_id` from and they are not in `config_overrides`.
+            `decoder_start_token_id`/`eos_token_id` from and they are not in `config_overrides`, or
+            `cross_attention_init` is given for anything but a seq2seq warm start from BERT, or is not allowed.
         OSError: the name or folder cannot be resolved, or `config.json`, the weight index or a weights file is
             truncated, corrupt or missing (the message names the file and says to re-download or save it again).
     """
@@ -630,6 +661,15 @@ def load_bert_as_seqbert_state_dict(
     seq2seq = target == "seq2seq"
     source_config = _load_config(name_or_path, **hub_kwargs)
     model_type = source_config.model_type
+    if (
+        cross_attention_init is not None
+        and model_type in ("bert", "encoder-decoder")
+        and not (seq2seq and model_type == "bert")
+    ):
+        raise ValueError(
+            f"cross_attention_init ({cross_attention_init!r}) only applies to a seq2seq warm start from a plain BERT "
+            f"checkpoint; {str(name_or_path)!r} is a {model_type!r} checkpoint loaded for {target!r}"
+        )
     if seq2seq and model_type == "encoder-decoder":
         _warn_numerics_overrides(source_config.encoder, overrides, name_or_path)
         config = _seq2seq_config_from_encoder_decoder(source_config, overrides)
@@ -643,7 +683,12 @@ def load_bert_as_seqbert_state_dict(
                 **overrides,
             }
         config = SeqBertConfig.from_bert_config(source_config, **overrides)
-        convert = warm_start_state_dict if seq2seq else functools.partial(bert_state_dict_to_seqbert, role=target)
+        if seq2seq:
+            convert = functools.partial(
+                warm_start_state_dict, cross_attention_init=cross_attention_init or "self_attention"
+            )
+        else:
+            convert = functools.partial(bert_state_dict_to_seqbert, role=target)
     else:
         allowed = "'bert' or 'encoder-decoder' (BERT2BERT)" if seq2seq else "'bert'"
         hint = (

@@ -1055,7 +1055,7 @@ class SeqBertPreTrainedModel(PreTrainedModel):
         `save_pretrained`) into this SeqBERT class, as post-LN SeqBERT with identical numerics.
 
         Reads BERT's `config.json`, builds `SeqBertConfig.from_bert_config(...)`, renames BERT's parameters to
-        SeqBERT's (fusing query/key/value into one projection) and loads them with `from_pretrained`, which reports
+        SeqBERT's (BERT's query/key/value projections keep their names) and loads them with `from_pretrained`, which reports
         missing and unexpected keys as usual. Works for BertModel, BertForPreTraining, BertForMaskedLM,
         BertForSequenceClassification, BertForTokenClassification and BertForQuestionAnswering checkpoints, in
         safetensors format, sharded or not (pickled PyTorch `.bin` only with `use_safetensors=False`). Heads that the checkpoint has (`cls.predictions`,
@@ -1072,13 +1072,17 @@ class SeqBertPreTrainedModel(PreTrainedModel):
 
         A seq2seq warm start from a plain BERT checkpoint takes `decoder_start_token_id` and `eos_token_id` from the
         keyword arguments, else the ids of [CLS] and [SEP] in the checkpoint's tokenizer; without either it raises.
+        Its cross-attention starts as a copy of each layer's BERT self-attention (`cross_attention_init=
+        "self_attention"`, seqbert's own choice, measured in README's seq2seq ablation) or at random as in BERT2BERT
+        (`cross_attention_init="random"`); see `seqbert.convert_bert.warm_start_state_dict`.
 
         Args:
             pretrained_model_name_or_path (`str` or `os.PathLike`): Hub model id or local folder of a BERT checkpoint.
             **kwargs: Hub options (`cache_dir`, `revision`, `token`, `local_files_only`, `force_download`,
                 `subfolder`, `proxies`), loading options (`dtype`, `device_map`, `attn_implementation`,
                 `output_loading_info`, `ignore_mismatched_sizes`), `use_safetensors=False` to allow pickled
-                `pytorch_model.bin` weights, and config overrides (e.g. `num_labels=2`, `hidden_dropout_prob=0.0`).
+                `pytorch_model.bin` weights, `cross_attention_init` (seq2seq warm start from BERT:
+                `"self_attention"`, the default, or `"random"`), and config overrides (e.g. `num_labels=2`, `hidden_dropout_prob=0.0`).
 
         Returns:
             An instance of `cls` (and the loading-info dict when `output_loading_info=True`).
@@ -1089,13 +1093,16 @@ class SeqBertPreTrainedModel(PreTrainedModel):
                 pickled ones and `use_safetensors` is not `False`); a config override changes a parameter shape
                 (`hidden_size`, `intermediate_size`, `vocab_size`, ...) and `ignore_mismatched_sizes` is not `True`
                 (a `MismatchedSizesError`, also a `RuntimeError`); parameters outside the allowed parts above are missing from the checkpoint (e.g. `num_hidden_layers`
-                above the checkpoint's, or an incomplete checkpoint); or a seq2seq warm start has no tokenizer and no
-                `decoder_start_token_id=`/`eos_token_id=`.
+                above the checkpoint's, or an incomplete checkpoint); a seq2seq warm start has no tokenizer and no
+                `decoder_start_token_id=`/`eos_token_id=`; or `cross_attention_init` is not `"self_attention"` /
+                `"random"`, or is given where there is no warm start of cross-attention (an encoder head, an
+                `EncoderDecoderModel` checkpoint).
             OSError: the name or folder cannot be resolved, or `config.json`, the weight index or a weights file is
                 truncated, corrupt or missing (the message names the file and says to re-download it or save it
                 again).
         """
         use_safetensors = kwargs.pop("use_safetensors", None)
+        cross_attention_init = kwargs.pop("cross_attention_init", None)
         hub_kwargs = {k: kwargs.pop(k) for k in _HUB_KWARGS if k in kwargs}
         loading_kwargs = {k: kwargs.pop(k) for k in _LOADING_KWARGS if k in kwargs}
         output_loading_info = loading_kwargs.pop("output_loading_info", False)
@@ -1105,6 +1112,7 @@ class SeqBertPreTrainedModel(PreTrainedModel):
             config_overrides=kwargs,
             target=cls._bert_conversion_target,
             use_safetensors=use_safetensors,
+            cross_attention_init=cross_attention_init,
             **hub_kwargs,
         )
         loaded_keys = set(state_dict)
