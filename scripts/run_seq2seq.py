@@ -97,6 +97,10 @@ class ModelArguments:
             "choices": ["self_attention", "random"],
         },
     )
+    freeze_encoder: bool = field(
+        default=False,
+        metadata={"help": "Train the decoder (with cross-attention and LM head) only; the encoder keeps its weights."},
+    )
     num_decoder_layers: int | None = field(
         default=None,
         metadata={"help": "Decoder layers of a warm start from BERT (the first N of the checkpoint's; default all)."},
@@ -390,6 +394,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     model = load_model(model_args)
     if config.model_type != "bert":
         model_args.cross_attention_init = None  # the checkpoint has cross-attention: nothing was initialised
+    if model_args.freeze_encoder:
+        model.get_encoder().requires_grad_(False)
 
     def preprocess(batch):
         return tokenize_pairs(batch, tokenizer, data_args, model.config.decoder_start_token_id)
