@@ -151,27 +151,30 @@ def inference_workload(reference, model, batches, repeats) -> dict:
     return {"seconds": seconds, "real_tokens": sum(m.sum().item() for m in masks), "max_abs_delta": delta}
 
 
+def training_steps(model, batches, losses: list):
+    """A function that runs one AdamW step (lr 1e-5) of `model` per batch and appends each loss to `losses`."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+    def run():
+        for batch in batches:
+            loss = model(**batch).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+
+    return run
+
+
 def training_workload(cls_folder: str, batches, repeats) -> dict:
     reference = BertForSequenceClassification.from_pretrained(cls_folder).train()
     model = seqbert.SeqBertForSequenceClassification.from_bert_pretrained(cls_folder).train()
-    optimizers = {
-        "reference": torch.optim.AdamW(reference.parameters(), lr=1e-5),
-        "seqbert": torch.optim.AdamW(model.parameters(), lr=1e-5),
-    }
     losses = {"reference": [], "seqbert": []}
-
-    def step(label, m):
-        def run():
-            for batch in batches:
-                loss = m(**batch).loss
-                loss.backward()
-                optimizers[label].step()
-                optimizers[label].zero_grad()
-                losses[label].append(loss.item())
-
-        return run
-
-    seconds = interleave({"reference": step("reference", reference), "seqbert": step("seqbert", model)}, repeats)
+    runs = {
+        "reference": training_steps(reference, batches, losses["reference"]),
+        "seqbert": training_steps(model, batches, losses["seqbert"]),
+    }
+    seconds = interleave(runs, repeats)
     delta = max(abs(a - b) for a, b in zip(losses["reference"], losses["seqbert"], strict=True))
     real = sum(b["attention_mask"].sum().item() for b in batches)
     return {"seconds": seconds, "real_tokens": real, "max_abs_delta": delta, "compared": "loss at every step"}
@@ -196,23 +199,12 @@ def padding_free_workload(batches, repeats) -> dict:
             {"input_ids": batch["input_ids"][real][None], "position_ids": positions, "labels": labels[real][None]}
         )
     losses = {"reference": [], "seqbert": []}
-
-    def steps(label, inputs):
+    runs = {}
+    for label, inputs in (("reference", padded), ("seqbert", packed)):
         model = seqbert.SeqBertForMaskedLM(config).train()
         model.load_state_dict(initial)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-
-        def run():
-            for batch in inputs:
-                loss = model(**batch).loss
-                loss.backward()
-                optimizer.step()
-                optimizer.zero_grad()
-                losses[label].append(loss.item())
-
-        return run
-
-    seconds = interleave({"reference": steps("reference", padded), "seqbert": steps("seqbert", packed)}, repeats)
+        runs[label] = training_steps(model, inputs, losses[label])
+    seconds = interleave(runs, repeats)
     delta = max(abs(a - b) for a, b in zip(losses["reference"], losses["seqbert"], strict=True))
     real = sum(b["attention_mask"].sum().item() for b in batches)
     return {"seconds": seconds, "real_tokens": real, "max_abs_delta": delta, "compared": "loss at every step"}

@@ -56,6 +56,7 @@ from seqbert.data import load_bible_pairs, minilm_checkpoint_path
 from seqbert.hub import command_line, hub_base_model, training_recipe, write_model_card
 from seqbert.plots import save_loss_curve
 from seqbert.script_utils import (
+    ScriptInputError,
     ScriptTrainingDefaults,
     check_columns,
     check_data_file,
@@ -199,10 +200,10 @@ def load_raw_datasets(data_args: DataArguments, cache_dir: str | None) -> datase
     return load_bible_pairs()
 
 
-def load_model(model_args: ModelArguments):
-    """A `SeqBertForConditionalGeneration`: converted from BERT / BERT2BERT, or loaded from a SeqBERT folder."""
+def load_model(model_args: ModelArguments, model_type: str):
+    """A `SeqBertForConditionalGeneration`: converted from BERT / BERT2BERT, or loaded from a SeqBERT folder
+    (`model_type` is that of the checkpoint's config)."""
     path = model_args.model_name_or_path
-    model_type = AutoConfig.from_pretrained(path, cache_dir=model_args.cache_dir).model_type
     if model_type == "bert":
         overrides = (
             {} if model_args.num_decoder_layers is None else {"num_decoder_layers": model_args.num_decoder_layers}
@@ -213,6 +214,23 @@ def load_model(model_args: ModelArguments):
     if model_type == "encoder-decoder":
         return seqbert.SeqBertForConditionalGeneration.from_bert_pretrained(path, cache_dir=model_args.cache_dir)
     return AutoModelForSeq2SeqLM.from_pretrained(path, cache_dir=model_args.cache_dir)
+
+
+def check_num_decoder_layers(value: int | None, model_type: str, path: str) -> None:
+    """
+    Raises:
+        ScriptInputError: `--num_decoder_layers` is below 1, or given for a checkpoint that already has a decoder (it
+            only shapes a warm start from a plain BERT checkpoint).
+    """
+    if value is None:
+        return
+    if value < 1:
+        raise ScriptInputError(f"num_decoder_layers ({value}) must be >= 1")
+    if model_type != "bert":
+        raise ScriptInputError(
+            f"num_decoder_layers ({value}) only applies to a warm start from a plain BERT checkpoint; {path!r} is a "
+            f"{model_type!r} checkpoint whose decoder is loaded as saved"
+        )
 
 
 def tokenize_pairs(batch: dict, tokenizer, data_args: DataArguments, decoder_start_token_id: int | None) -> dict:
@@ -375,6 +393,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         ("generation_max_length", training_args.generation_max_length),
     ):
         check_max_length(name, value, decoder_config, f"the decoder of {path!r}")
+    check_num_decoder_layers(model_args.num_decoder_layers, config.model_type, path)
     transformers.set_seed(training_args.seed)
 
     with training_args.main_process_first(desc="loading the data"):
@@ -391,7 +410,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
     # The saved tokenizer cuts sources where training did: `tokenizer(text, truncation=True)` in the model card.
     tokenizer.model_max_length = min(data_args.max_source_length, tokenizer.model_max_length)
-    model = load_model(model_args)
+    model = load_model(model_args, config.model_type)
     if config.model_type != "bert":
         model_args.cross_attention_init = None  # the checkpoint has cross-attention: nothing was initialised
     if model_args.freeze_encoder:

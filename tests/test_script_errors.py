@@ -164,6 +164,7 @@ def test_bad_input_stops_with_a_one_line_message_before_writing_output(case, cli
         (run_seq2seq, (*PAIRS, "--max_target_length", "1024"), "max_target_length", "1024"),
         (run_seq2seq, (*PAIRS, "--generation_max_length", "600"), "generation_max_length", "600"),
         (run_seq2seq, (*PAIRS, "--max_train_samples", "0"), "max_train_samples", "0"),
+        (run_seq2seq, (*PAIRS, "--num_decoder_layers", "0"), "num_decoder_layers", "0"),
         (run_seq2seq, (*PAIRS[:2], "--test_file", "{data}/header_only.csv"), "test_file", "header_only.csv"),
         (run_seq2seq, ("--train_file", "{data}/pairs.jsonl"), "do_predict", "test"),
         (run_mlm, ("--train_file", "{data}/header_only.csv"), "train_file", "header_only.csv"),
@@ -247,3 +248,12 @@ def test_help_starts_with_the_description(name):
     lines = result.stdout.splitlines()
     assert result.returncode == 0 and lines[0].endswith("[--option value ...]")
     assert "takes about" in " ".join(lines[1:5])
+
+
+def test_num_decoder_layers_only_shapes_a_warm_start_from_bert():
+    run_seq2seq.check_num_decoder_layers(None, "seqbert", "runs/kjv2web")
+    run_seq2seq.check_num_decoder_layers(3, "bert", "bert-base-uncased")
+    with pytest.raises(
+        ScriptInputError, match=r"num_decoder_layers \(3\) only applies .*'runs/kjv2web' is a 'seqbert'"
+    ):
+        run_seq2seq.check_num_decoder_layers(3, "seqbert", "runs/kjv2web")
