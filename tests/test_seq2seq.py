@@ -55,6 +55,10 @@ def test_loss_is_cross_entropy_on_right_shifted_labels(model):
     explicit = model(input_ids=src, attention_mask=mask, decoder_input_ids=decoder_inputs)
     real = labels != -100
     torch.testing.assert_close(explicit.logits[real], out.logits[real], rtol=0, atol=1e-6)
+    # Labels sliced out of a wider tensor (not contiguous, e.g. `ids[:, 1:]`) give the same loss.
+    wide = torch.cat([torch.full((5, 1), START), labels], 1)
+    sliced = model(input_ids=src, attention_mask=mask, labels=wide[:, 1:])
+    torch.testing.assert_close(sliced.loss, out.loss, rtol=0, atol=0)
     model.train()
     model(input_ids=src, attention_mask=mask, labels=labels).loss.backward()
     no_grad = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]

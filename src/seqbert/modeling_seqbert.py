@@ -2080,7 +2080,7 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
         if labels is not None:
             loss = fixed_cross_entropy(
                 logits.view(-1, self.config.vocab_size).float(),
-                labels.view(-1).to(logits.device),
+                labels.reshape(-1).to(logits.device),
                 num_items_in_batch=kwargs.get("num_items_in_batch"),
             )
         return Seq2SeqLMOutput(
