@@ -3,7 +3,8 @@ BERT warm start, against EncoderDecoderModel itself, on real text."""
 
 import pytest
 import torch
-from transformers import BertConfig, BertModel, EncoderDecoderConfig, EncoderDecoderModel
+from transformers import AutoModelForSeq2SeqLM, BertConfig, BertModel, EncoderDecoderConfig, EncoderDecoderModel
+from transformers.modeling_outputs import BaseModelOutput
 
 import seqbert
 
@@ -89,8 +90,9 @@ CROSS_ATTENTION_NAMES = (
 
 def test_warm_start_from_bert_matches_transformers_bert2bert(minilm_path, minilm_bert2bert, pairs):
     model, info = seqbert.SeqBertForConditionalGeneration.from_bert_pretrained(
-        minilm_path, cross_attention_init="random", output_loading_info=True
+        minilm_path, cross_attention_init="random", cross_attention_source="last_layer", output_loading_info=True
     )
+    assert model.config.cross_attention_source == "last_layer"  # what EncoderDecoderModel's decoder reads
     # Cross-attention (and the LM head transform, which MiniLM has not) are new, and reported as such.
     missing = info["missing_keys"]
     assert {k for k in missing if "cross_attention" in k} == {
@@ -151,6 +153,52 @@ def test_default_warm_start_copies_each_layers_bert_self_attention_into_cross_at
     source, labels = pairs
     with torch.no_grad():
         assert torch.isfinite(model(**source, labels=labels).loss)
+
+
+@pytest.mark.parametrize("source", ["same_layer", "last_layer"])
+def test_each_decoder_layer_cross_attends_to_the_encoder_states_its_config_names(minilm_path, pairs, source):
+    """The default warm start (`same_layer`): decoder layer i's cross-attention keys and values are computed from the
+    hidden states entering BERT layer i, as transformers' own `BertModel` returns them (`hidden_states[i]`);
+    `last_layer`: from BERT's output, in every layer (BERT2BERT)."""
+    kwargs = {} if source == "same_layer" else {"cross_attention_source": source}
+    model = seqbert.SeqBertForConditionalGeneration.from_bert_pretrained(minilm_path, **kwargs).eval()
+    assert model.config.cross_attention_source == source
+    bert = BertModel.from_pretrained(minilm_path).eval()
+    (source_batch, labels), seen = pairs, {}
+    hooks = [
+        getattr(layer.cross_attention, projection).register_forward_hook(
+            lambda module, args, output, key=(i, projection): seen.__setitem__(key, args[0])
+        )
+        for i, layer in enumerate(model.decoder.layers)
+        for projection in ("key", "value")
+    ]
+    with torch.no_grad():
+        model(**source_batch, labels=labels)
+        expected = bert(**source_batch, output_hidden_states=True).hidden_states
+    for hook in hooks:
+        hook.remove()
+    real = source_batch.attention_mask.bool()
+    for (i, projection), states in seen.items():
+        reference = expected[i] if source == "same_layer" else expected[-1]
+        torch.testing.assert_close(states[real], reference[real], rtol=0, atol=2e-6, msg=f"layer {i} {projection}")
+    assert len(seen) == 2 * model.config.num_decoder_layers
+
+
+def test_same_layer_cross_attention_generates_with_cache_beams_and_after_saving(minilm_path, pairs, tmp_path):
+    model = seqbert.SeqBertForConditionalGeneration.from_bert_pretrained(minilm_path).eval()
+    source, _ = pairs
+    greedy = model.generate(**source, max_new_tokens=6)
+    assert torch.equal(greedy, model.generate(**source, max_new_tokens=6, use_cache=False))
+    beams = model.generate(**source, max_new_tokens=6, num_beams=3, num_return_sequences=2)
+    assert beams.shape[0] == 2 * source.input_ids.shape[0]
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    assert reloaded.config.cross_attention_source == "same_layer"
+    assert torch.equal(reloaded.generate(**source, max_new_tokens=6), greedy)
+    # Encoder outputs without the per-layer states cannot feed this decoder: a clear error, not a wrong result.
+    last = BaseModelOutput(last_hidden_state=model.get_encoder()(**source).last_hidden_state)
+    with pytest.raises(ValueError, match=r"encoder_outputs has no layer_inputs.*'same_layer'"):
+        model(encoder_outputs=last, attention_mask=source.attention_mask, decoder_input_ids=greedy)
 
 
 def test_cross_attention_init_is_checked(minilm_path, seeded_bert2bert):

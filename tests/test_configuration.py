@@ -93,3 +93,18 @@ def test_from_bert_config_rejects_other_configs():
         seqbert.SeqBertConfig.from_bert_config(seqbert.SeqBertConfig())
     with pytest.raises(ValueError, match="position_embedding_type \\('relative_key'\\) is not supported"):
         seqbert.SeqBertConfig.from_bert_config(BertConfig(position_embedding_type="relative_key"))
+
+
+def test_cross_attention_source_is_checked():
+    with pytest.raises(
+        ValueError, match=r"cross_attention_source \('first_layer'\) must be one of \('last_layer', 'same_layer'\)"
+    ):
+        seqbert.SeqBertConfig(is_encoder_decoder=True, cross_attention_source="first_layer")
+    with pytest.raises(
+        ValueError,
+        match=r"num_decoder_layers \(4\) must be <= num_hidden_layers \(3\) with cross_attention_source='same_layer'",
+    ):
+        seqbert.SeqBertConfig(
+            num_hidden_layers=3, num_decoder_layers=4, is_encoder_decoder=True, cross_attention_source="same_layer"
+        )
+    assert seqbert.SeqBertConfig(is_encoder_decoder=True).cross_attention_source == "last_layer"

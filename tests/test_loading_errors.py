@@ -394,6 +394,11 @@ def test_more_layers_than_the_checkpoint_is_rejected(bert_folder):
         seqbert.SeqBertModel.from_bert_pretrained(bert_folder, num_hidden_layers=3)
     with pytest.raises(ValueError, match=r"decoder\.layers\.2\..*num_decoder_layers=3 but the checkpoint has 2 layers"):
         seqbert.SeqBertForConditionalGeneration.from_bert_pretrained(
+            bert_folder, num_decoder_layers=3, cross_attention_source="last_layer", **GENERATION_IDS
+        )
+    # The default warm start pairs decoder layer i with encoder layer i: a third decoder layer has none to read.
+    with pytest.raises(ValueError, match=r"num_decoder_layers \(3\) must be <= num_hidden_layers \(2\)"):
+        seqbert.SeqBertForConditionalGeneration.from_bert_pretrained(
             bert_folder, num_decoder_layers=3, **GENERATION_IDS
         )
 

@@ -37,6 +37,8 @@ check_transformers_version()
 
 NORM_PLACEMENTS = ("pre", "post")
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal")
+# What each decoder layer's cross-attention reads: the encoder's output (BERT2BERT) or the encoder layer of its depth.
+CROSS_ATTENTION_SOURCES = ("last_layer", "same_layer")
 
 # The `auto_map` that `save_pretrained` writes into config.json, so that `AutoConfig` / `AutoModel*.from_pretrained(
 # folder_or_repo, trust_remote_code=True)` find SeqBERT's classes in the code files saved beside the weights.
@@ -132,6 +134,13 @@ class SeqBertConfig(PretrainedConfig):
             word embedding matrix (and so does the tied LM head). Requires `tie_word_embeddings`. BERT2BERT
             checkpoints keep two matrices (`False`).
         use_cache (`bool`, defaults to `True`): seq2seq only: return the decoder's key/value cache for generation.
+        cross_attention_source (`str`, defaults to `"last_layer"`): seq2seq only: what the cross-attention of decoder
+            layer `i` reads. `"last_layer"`: the encoder's output, in every decoder layer (transformers'
+            `EncoderDecoderModel`, Rothe et al. 2020). `"same_layer"`: the hidden states that enter encoder layer `i`
+            (the embeddings for `i = 0`), so a decoder layer warm-started from BERT layer `i` attends over source
+            states of the depth it was trained on (in the spirit of He et al. 2018, "Layer-Wise Coordination between
+            Encoder and Decoder for Neural Machine Translation"; this pairing is seqbert's own). Needs
+            `num_decoder_layers <= num_hidden_layers`. `SeqBertForConditionalGeneration.from_bert_pretrained` uses it.
         num_labels (`int`, defaults to 2), problem_type (`str`, *optional*): as in `PretrainedConfig`; `num_labels`
             must be >= 1 and `problem_type` one of `PROBLEM_TYPES` (`SeqBertForQuestionAnswering` needs
             `num_labels == 2`: start and end).
@@ -170,6 +179,7 @@ class SeqBertConfig(PretrainedConfig):
         is_encoder_decoder: bool = False,
         share_encoder_decoder_embeddings: bool = False,
         use_cache: bool = True,
+        cross_attention_source: str = "last_layer",
         **kwargs,
     ):
         self.vocab_size = vocab_size
@@ -191,6 +201,7 @@ class SeqBertConfig(PretrainedConfig):
         self.classifier_dropout = classifier_dropout
         self.share_encoder_decoder_embeddings = share_encoder_decoder_embeddings
         self.use_cache = use_cache
+        self.cross_attention_source = cross_attention_source
         # Validate before PretrainedConfig.__init__, whose own checks would fail with less helpful messages.
         self._validate_seqbert(
             tie_word_embeddings=tie_word_embeddings,
@@ -290,6 +301,16 @@ class SeqBertConfig(PretrainedConfig):
             raise ValueError(
                 f"num_decoder_layers ({self.num_decoder_layers}) must be >= 1 when is_encoder_decoder is True: the "
                 "decoder reads the encoder only through its layers' cross-attention"
+            )
+        if self.cross_attention_source not in CROSS_ATTENTION_SOURCES:
+            raise ValueError(
+                f"cross_attention_source ({self.cross_attention_source!r}) must be one of {CROSS_ATTENTION_SOURCES}"
+            )
+        if self.cross_attention_source == "same_layer" and self.num_decoder_layers > self.num_hidden_layers:
+            raise ValueError(
+                f"num_decoder_layers ({self.num_decoder_layers}) must be <= num_hidden_layers "
+                f"({self.num_hidden_layers}) with cross_attention_source='same_layer': decoder layer i reads the "
+                "input of encoder layer i"
             )
         if self.share_encoder_decoder_embeddings and not is_encoder_decoder:
             raise ValueError(

@@ -680,6 +680,7 @@ def load_bert_as_seqbert_state_dict(
             overrides = {
                 **_special_token_defaults(name_or_path, overrides, **hub_kwargs),
                 "is_encoder_decoder": True,
+                "cross_attention_source": "same_layer",  # README's seq2seq ablation; "last_layer" is BERT2BERT's
                 **overrides,
             }
         config = SeqBertConfig.from_bert_config(source_config, **overrides)

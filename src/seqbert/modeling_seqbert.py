@@ -17,6 +17,7 @@ import inspect
 import math
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -494,9 +495,18 @@ class SeqBertEncoder(nn.Module):
         self.layers = nn.ModuleList([layer_class(config, layer_idx=i) for i in range(config.num_hidden_layers)])
         self.final_layer_norm = build_final_layer_norm(config)
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
-        """(B, L, H) and a backend-specific mask from `masking_utils` -> (B, L, H)."""
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        layer_inputs: list[torch.Tensor] | None = None,
+        **kwargs,
+    ):
+        """(B, L, H) and a backend-specific mask from `masking_utils` -> (B, L, H). A `layer_inputs` list receives the
+        hidden states entering each layer (what a `cross_attention_source="same_layer"` decoder reads)."""
         for layer in self.layers:
+            if layer_inputs is not None:
+                layer_inputs.append(hidden_states)
             hidden_states = layer(hidden_states, attention_mask, **kwargs)
         return self.final_layer_norm(hidden_states)
 
@@ -858,19 +868,37 @@ def _check_decoder_inputs(
     if cross_attention:
         if encoder_hidden_states is None:
             raise ValueError("the decoder needs encoder_hidden_states (encoder_outputs): it attends to the source")
-        check_tensor("encoder_hidden_states", encoder_hidden_states, "float", (3,), "(batch_size, source_length, H)")
-        source_length = encoder_hidden_states.shape[1]
+        meaning = "(batch_size, source_length, H), or (batch_size, num_decoder_layers, source_length, H)"
+        check_tensor("encoder_hidden_states", encoder_hidden_states, "float", (3, 4), meaning)
+        source_length = encoder_hidden_states.shape[-2]
+        layers = (config.num_decoder_layers,) if encoder_hidden_states.dim() == 4 else ()
         check_shape(
             "encoder_hidden_states",
             encoder_hidden_states,
-            (batch_size, source_length, config.hidden_size),
-            f"(the {name} batch size, source_length, hidden_size)",
+            (batch_size, *layers, source_length, config.hidden_size),
+            f"(the {name} batch size, {'num_decoder_layers, ' if layers else ''}source_length, hidden_size)",
         )
         if encoder_attention_mask is not None:
             check_tensor("attention_mask", encoder_attention_mask, "any", (2,), "(batch_size, source_length)")
             check_shape("attention_mask", encoder_attention_mask, (batch_size, source_length), "like the source")
     if input_ids is not None:
         check_ids_in_range(names["ids"], input_ids, config.vocab_size, "vocab_size")
+
+
+def cross_attention_states(config: SeqBertConfig, encoder_outputs) -> torch.Tensor:
+    """What `SeqBertForConditionalGeneration` hands its decoder's cross-attention: the encoder's `last_hidden_state`
+    (B, S, H), or with `cross_attention_source="same_layer"` its `layer_inputs` (B, num_decoder_layers, S, H).
+    Raises `ValueError` when `encoder_outputs` lack `layer_inputs` that the config needs."""
+    if config.cross_attention_source == "last_layer":
+        return encoder_outputs.last_hidden_state
+    layer_inputs = getattr(encoder_outputs, "layer_inputs", None)
+    if layer_inputs is None:
+        raise ValueError(
+            "encoder_outputs has no layer_inputs, but this model's cross_attention_source is 'same_layer': decoder "
+            "layer i reads the input of encoder layer i. Pass the whole output of model.get_encoder()(...) "
+            "(a SeqBertModelOutput), not only its last_hidden_state"
+        )
+    return layer_inputs
 
 
 def check_labels(
@@ -1074,7 +1102,11 @@ class SeqBertPreTrainedModel(PreTrainedModel):
         keyword arguments, else the ids of [CLS] and [SEP] in the checkpoint's tokenizer; without either it raises.
         Its cross-attention starts as a copy of each layer's BERT self-attention (`cross_attention_init=
         "self_attention"`, seqbert's own choice, measured in README's seq2seq ablation) or at random as in BERT2BERT
-        (`cross_attention_init="random"`); see `seqbert.convert_bert.warm_start_state_dict`.
+        (`cross_attention_init="random"`); see `seqbert.convert_bert.warm_start_state_dict`. Its decoder layer `i`
+        cross-attends to the hidden states entering encoder layer `i` (`cross_attention_source="same_layer"`, see
+        `SeqBertConfig`; seqbert's own choice, measured in README's seq2seq ablation); pass
+        `cross_attention_source="last_layer"` as well as `cross_attention_init="random"` for transformers' BERT2BERT
+        (`EncoderDecoderModel.from_encoder_decoder_pretrained`) exactly.
 
         Args:
             pretrained_model_name_or_path (`str` or `os.PathLike`): Hub model id or local folder of a BERT checkpoint.
@@ -1155,6 +1187,18 @@ class SeqBertPreTrainedModel(PreTrainedModel):
 # ----------------------------------------------------------------------------------------------------------------------
 
 
+@dataclass
+class SeqBertModelOutput(BaseModelOutputWithPooling):
+    """
+    `BaseModelOutputWithPooling`, plus `layer_inputs` (B, num_decoder_layers, L, H) float: the hidden states entering
+    encoder layers `0 .. num_decoder_layers - 1` (zero at padding with sdpa), returned only on a seq2seq config with
+    `cross_attention_source="same_layer"`, where decoder layer `i` cross-attends to `layer_inputs[:, i]`. One tensor
+    (not a tuple) so that `generate` expands it for beams like `last_hidden_state`.
+    """
+
+    layer_inputs: torch.FloatTensor | None = None
+
+
 class SeqBertModel(SeqBertPreTrainedModel):
     """
     The SeqBERT encoder: embeddings, `num_hidden_layers` pre- or post-LN layers and an optional BERT pooler.
@@ -1196,7 +1240,7 @@ class SeqBertModel(SeqBertPreTrainedModel):
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
-    ) -> BaseModelOutputWithPooling:
+    ) -> SeqBertModelOutput:
         r"""
         Args:
             input_ids (`torch.LongTensor` of shape `(B, L)`): token ids in `[0, vocab_size)`.
@@ -1213,7 +1257,8 @@ class SeqBertModel(SeqBertPreTrainedModel):
             output_hidden_states, output_attentions, return_dict: as in every transformers model.
 
         Returns:
-            `BaseModelOutputWithPooling`: `last_hidden_state` (B, L, H) float, `pooler_output` (B, H) or None,
+            `SeqBertModelOutput` (a `BaseModelOutputWithPooling`): `last_hidden_state` (B, L, H) float,
+            `pooler_output` (B, H) or None, `layer_inputs` on a `cross_attention_source="same_layer"` seq2seq config,
             `hidden_states` (num_hidden_layers + 1 tensors of (B, L, H)) and `attentions` (num_hidden_layers tensors
             of (B, N, L, L); eager attention only) on request. With sdpa (the default) `last_hidden_state` is zero
             at padding positions, whichever path ran (unpadded, or padded when traced or when per-layer outputs
@@ -1230,6 +1275,8 @@ class SeqBertModel(SeqBertPreTrainedModel):
         """
         _check_encoder_inputs(self.config, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
         sequence_ids = packed_sequence_ids(self.config, input_ids, inputs_embeds, position_ids, kwargs)
+        same_layer = self.config.is_encoder_decoder and self.config.cross_attention_source == "same_layer"
+        layer_inputs = [] if same_layer else None
         unpadded = self._unpadded_batch(attention_mask, sequence_ids, kwargs)
         if unpadded is None:
             embedding_output = self.embeddings(
@@ -1249,10 +1296,12 @@ class SeqBertModel(SeqBertPreTrainedModel):
                     and_mask_function=None if sequence_ids is None else packed_sequence_mask_function(sequence_ids),
                 )
             )
-            sequence_output = self.encoder(embedding_output, mask, **kwargs)  # (B, L, H)
+            sequence_output = self.encoder(embedding_output, mask, layer_inputs, **kwargs)  # (B, L, H)
             if self.config._attn_implementation == "sdpa" and attention_mask is not None and attention_mask.dim() == 2:
                 # Padding positions hold zeros, as on the unpadded path, so traced and eager runs agree everywhere.
                 sequence_output = sequence_output * attention_mask[:, :, None].to(sequence_output.dtype)
+                if layer_inputs:
+                    layer_inputs = [x * attention_mask[:, :, None].to(x.dtype) for x in layer_inputs]
         else:
             # Fast path: only the T real tokens go through embeddings, projections, feed-forward and LayerNorms.
             batch_size, seq_len = unpadded.input_shape
@@ -1271,9 +1320,14 @@ class SeqBertModel(SeqBertPreTrainedModel):
                     create_bidirectional_mask, layout, config=self.config, attention_mask=unpadded.attention_mask
                 )
             )
-            sequence_output = unpadded.pad(self.encoder(embedding_output, mask, unpadded=unpadded, **kwargs))
+            sequence_output = unpadded.pad(
+                self.encoder(embedding_output, mask, layer_inputs, unpadded=unpadded, **kwargs)
+            )
+            if layer_inputs:
+                layer_inputs = [unpadded.pad(x) for x in layer_inputs]
         pooled_output = self.pooler(sequence_output) if self.pooler is not None else None  # (B, H)
-        return BaseModelOutputWithPooling(last_hidden_state=sequence_output, pooler_output=pooled_output)
+        stacked = torch.stack(layer_inputs[: self.config.num_decoder_layers], dim=1) if layer_inputs else None
+        return SeqBertModelOutput(last_hidden_state=sequence_output, pooler_output=pooled_output, layer_inputs=stacked)
 
     def _unpadded_batch(
         self, attention_mask: torch.Tensor | None, sequence_ids: torch.Tensor | None, kwargs: dict
@@ -1363,7 +1417,9 @@ class SeqBertDecoder(SeqBertPreTrainedModel):
             input_ids (`torch.LongTensor` of shape `(B, L)`): token ids (the new ones only, when a cache is given).
             attention_mask (`torch.Tensor`, *optional*): `(B, L_past + L)`, 1 for real tokens; or a prepared 4D mask
                 `(B, 1, L, L_cache)` (what `generate` passes with a static cache).
-            encoder_hidden_states (`torch.Tensor` of shape `(B, S, H)`): the encoder output (cross-attention only).
+            encoder_hidden_states (`torch.Tensor` of shape `(B, S, H)` or `(B, num_decoder_layers, S, H)`): what the
+                cross-attention reads (cross-attention only): one tensor for every layer (the encoder output), or,
+                4-D, `[:, i]` for layer `i` (`cross_attention_source="same_layer"`).
             encoder_attention_mask (`torch.Tensor` of shape `(B, S)`, *optional*): 1 for real source tokens.
             past_key_values (`Cache`, *optional*): an `EncoderDecoderCache` (cross-attention) or a self-attention
                 cache; a dynamic one is created here when `use_cache` and none is given.
@@ -1426,6 +1482,7 @@ class SeqBertDecoder(SeqBertPreTrainedModel):
             )
         )
         cross_attention_inputs = ()
+        per_layer = encoder_hidden_states is not None and encoder_hidden_states.dim() == 4
         if self.add_cross_attention:
             encoder_attention_mask = create_bidirectional_mask(
                 **_mask_arguments(
@@ -1433,11 +1490,13 @@ class SeqBertDecoder(SeqBertPreTrainedModel):
                     hidden_states,
                     config=self.config,
                     attention_mask=encoder_attention_mask,
-                    encoder_hidden_states=encoder_hidden_states,
+                    encoder_hidden_states=encoder_hidden_states[:, 0] if per_layer else encoder_hidden_states,
                 )
             )
             cross_attention_inputs = (encoder_hidden_states, encoder_attention_mask)
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
+            if per_layer:  # decoder layer i reads the states entering encoder layer i
+                cross_attention_inputs = (encoder_hidden_states[:, i], encoder_attention_mask)
             # Positional arguments, for gradient checkpointing.
             hidden_states = layer(
                 hidden_states, attention_mask, *cross_attention_inputs, past_key_values=past_key_values, **kwargs
@@ -2067,7 +2126,7 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
         decoder_outputs = self.decoder(
             decoder_input_ids,
             attention_mask=decoder_attention_mask,
-            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=cross_attention_states(self.config, encoder_outputs),
             encoder_attention_mask=attention_mask,
             past_key_values=past_key_values,
             inputs_embeds=decoder_inputs_embeds,
