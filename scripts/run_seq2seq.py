@@ -105,6 +105,15 @@ class ModelArguments:
             "choices": ["self_attention", "random"],
         },
     )
+    cross_attention_source: str | None = field(
+        default=None,
+        metadata={
+            "help": "What each decoder layer's cross-attention reads in a warm start from a plain BERT checkpoint: "
+            "'same_layer' (the states entering the encoder layer of its depth; the warm start's default) or "
+            "'last_layer' (the encoder output, as BERT2BERT).",
+            "choices": ["same_layer", "last_layer"],
+        },
+    )
     freeze_encoder: bool = field(
         default=False,
         metadata={"help": "Train the decoder (with cross-attention and LM head) only; the encoder keeps its weights."},
@@ -212,9 +221,11 @@ def load_model(model_args: ModelArguments, model_type: str):
     (`model_type` is that of the checkpoint's config)."""
     path = model_args.model_name_or_path
     if model_type == "bert":
-        overrides = (
-            {} if model_args.num_decoder_layers is None else {"num_decoder_layers": model_args.num_decoder_layers}
-        )
+        overrides = {
+            name: getattr(model_args, name)
+            for name in ("num_decoder_layers", "cross_attention_source")
+            if getattr(model_args, name) is not None
+        }
         return seqbert.SeqBertForConditionalGeneration.from_bert_pretrained(
             path, cache_dir=model_args.cache_dir, cross_attention_init=model_args.cross_attention_init, **overrides
         )
@@ -365,6 +376,8 @@ def card_info(model_args, data_args, training_args, metrics: dict, steps: int) -
         "random": "initialised at random",
         None: "from the checkpoint",
     }[model_args.cross_attention_init]
+    if model_args.cross_attention_source == "same_layer":
+        cross_init += "; decoder layer i attends to the states entering encoder layer i"
     return {
         "model_name": os.path.basename(os.path.normpath(training_args.output_dir)),
         "summary": (
@@ -439,6 +452,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ):
         check_max_length(name, value, decoder_config, f"the decoder of {path!r}")
     check_num_decoder_layers(model_args.num_decoder_layers, config.model_type, path)
+    if model_args.cross_attention_source is not None and config.model_type != "bert":
+        raise ScriptInputError(
+            f"cross_attention_source ({model_args.cross_attention_source!r}) only applies to a warm start from a plain "
+            f"BERT checkpoint; {path!r} is a {config.model_type!r} checkpoint whose decoder is loaded as saved"
+        )
     transformers.set_seed(training_args.seed)
 
     with training_args.main_process_first(desc="loading the data"):
@@ -458,6 +476,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     model = load_model(model_args, config.model_type)
     if config.model_type != "bert":
         model_args.cross_attention_init = None  # the checkpoint has cross-attention: nothing was initialised
+    model_args.cross_attention_source = getattr(model.config, "cross_attention_source", "last_layer")
     if model_args.freeze_encoder:
         model.get_encoder().requires_grad_(False)
 

@@ -257,3 +257,21 @@ def test_num_decoder_layers_only_shapes_a_warm_start_from_bert():
         ScriptInputError, match=r"num_decoder_layers \(3\) only applies .*'runs/kjv2web' is a 'seqbert'"
     ):
         run_seq2seq.check_num_decoder_layers(3, "seqbert", "runs/kjv2web")
+
+
+def test_cross_attention_source_only_shapes_a_warm_start_from_bert(seq2seq_run, tmp_path):
+    output_dir = tmp_path / "out"
+    with pytest.raises(
+        ScriptInputError, match=r"cross_attention_source \('last_layer'\) only applies .* is a 'seqbert' checkpoint"
+    ):
+        run_seq2seq.main(
+            [
+                "--model_name_or_path",
+                str(seq2seq_run),
+                "--cross_attention_source",
+                "last_layer",
+                "--output_dir",
+                str(output_dir),
+            ]
+        )
+    assert not output_dir.exists()
