@@ -34,6 +34,7 @@ then the casing of words the source spells the same way, and upper-case sentence
 """
 
 import collections
+import dataclasses
 import logging
 import os
 import re
@@ -144,7 +145,8 @@ class DataArguments:
         metadata={"help": "Targets are truncated to this many tokens (at most the decoder's learned positions)."},
     )
     max_train_samples: int | None = field(
-        default=4000, metadata={"help": "Keep only the first N training pairs (default 4000, for a 15-minute CPU run)."}
+        default=10000,
+        metadata={"help": "Keep only the first N training pairs (default 10000, for a 20-minute run on 2 CPU cores)."},
     )
     max_eval_samples: int | None = field(default=None, metadata={"help": "Keep only the first N validation pairs."})
     max_predict_samples: int | None = field(default=None, metadata={"help": "Keep only the first N test pairs."})
@@ -172,6 +174,14 @@ class DataArguments:
                 )
 
 
+# How this transformers release asks for length-grouped training batches.
+LENGTH_SAMPLING_FIELD = (
+    "train_sampling_strategy"
+    if "train_sampling_strategy" in {f.name for f in dataclasses.fields(Seq2SeqTrainingArguments)}
+    else "group_by_length"
+)
+
+
 @dataclass
 class TranslationTrainingArguments(ScriptTrainingDefaults, Seq2SeqTrainingArguments):
     """`Seq2SeqTrainingArguments` with this script's recipe as defaults; every field can be set on the command line."""
@@ -189,10 +199,20 @@ class TranslationTrainingArguments(ScriptTrainingDefaults, Seq2SeqTrainingArgume
         },
     )
     num_train_epochs: float = field(default=1.0, metadata={"help": "Total number of training epochs."})
-    per_device_train_batch_size: int = field(default=32, metadata={"help": "Training batch size per device."})
+    per_device_train_batch_size: int = field(default=8, metadata={"help": "Training batch size per device."})
     per_device_eval_batch_size: int = field(default=64, metadata={"help": "Generation batch size per device."})
-    learning_rate: float = field(default=1e-4, metadata={"help": "Peak AdamW learning rate (linear decay)."})
-    warmup_steps: float = field(default=20, metadata={"help": "Linear warm-up steps."})
+    learning_rate: float = field(default=5e-4, metadata={"help": "Peak AdamW learning rate (linear decay)."})
+    warmup_steps: float = field(default=50, metadata={"help": "Linear warm-up steps."})
+    # Batches of similar lengths (less padding, so more updates a minute): the field's name changed in transformers 5.10.
+    if LENGTH_SAMPLING_FIELD == "train_sampling_strategy":
+        train_sampling_strategy: str = field(
+            default="group_by_length",
+            metadata={"help": "Training batches: group_by_length (default: similar lengths together) or random."},
+        )
+    else:
+        group_by_length: bool = field(
+            default=True, metadata={"help": "Training batches of similar lengths together (default: True)."}
+        )
     generation_max_length: int | None = field(default=96, metadata={"help": "Longest generated sequence (tokens)."})
     generation_num_beams: int | None = field(default=1, metadata={"help": "Beams for generation (1: greedy)."})
     eval_strategy: IntervalStrategy | str = field(
