@@ -126,3 +126,35 @@ def test_recasing_restores_the_casing_of_a_lower_cased_copy(tokenizer):
         recase("and zorobabel went up. then he slept", "And Zorobabel went up.")
         == "And Zorobabel went up. Then he slept"
     )
+
+
+def test_predict_keeps_dataset_order_with_length_grouped_training_batches(tokenizer, tmp_path):
+    """With `train_sampling_strategy="group_by_length"` transformers' Trainer also draws evaluation batches from a
+    shuffled `LengthGroupedSampler`; seqbert's trainers evaluate and predict in dataset order, which `run_seq2seq.py`
+    relies on to pair predictions with references."""
+    import datasets
+    from transformers import DataCollatorWithPadding, TrainingArguments
+
+    from seqbert.training import SeqBertTrainer
+
+    torch.manual_seed(0)
+    config = seqbert.SeqBertConfig(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16, num_labels=1
+    )
+    texts = list(load_bible_pairs()["test"].select(range(64))["source"])
+    rows = tokenizer(texts, truncation=True, max_length=64)
+    dataset = datasets.Dataset.from_dict({**rows, "labels": [float(i) for i in range(len(texts))]})
+    args = TrainingArguments(
+        output_dir=str(tmp_path), per_device_eval_batch_size=8, train_sampling_strategy="group_by_length",
+        report_to="none", use_cpu=True, dataloader_pin_memory=False,
+    )  # fmt: skip
+    trainer = SeqBertTrainer(
+        model=seqbert.SeqBertForSequenceClassification(config).eval(),
+        args=args,
+        data_collator=DataCollatorWithPadding(tokenizer),
+    )
+    output = trainer.predict(dataset)
+    assert output.label_ids.tolist() == dataset["labels"]
+    with torch.no_grad():
+        first = trainer.model(input_ids=torch.tensor([rows["input_ids"][0]])).logits
+    torch.testing.assert_close(torch.from_numpy(output.predictions[:1]), first, rtol=0, atol=1e-5)

@@ -21,6 +21,7 @@ import shutil
 from dataclasses import dataclass, field
 
 import torch
+from torch.utils.data import SequentialSampler
 from transformers import (
     DataCollatorForLanguageModeling,
     DataCollatorWithFlattening,
@@ -28,7 +29,7 @@ from transformers import (
     Trainer,
     TrainerCallback,
 )
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, has_length, rotate_checkpoints
 
 
 # Where checkpoints are assembled before they are renamed into place; `get_last_checkpoint` never picks it.
@@ -127,6 +128,16 @@ class AtomicCheckpointsMixin:
             return super().evaluate(*args, **kwargs)
         finally:
             collator.stage, collator.batch_index, collator._worker_calls = saved
+
+    def _get_eval_sampler(self, eval_dataset):
+        """Evaluation and `predict` in dataset order, whatever `train_sampling_strategy` says. With
+        `"group_by_length"`, transformers (checked on 5.23) also draws evaluation batches from a `LengthGroupedSampler`,
+        whose shuffled mega-batches put `predict()`'s rows out of dataset order: a script that pairs them with its
+        references by position (as `run_seq2seq.py` does) scores the wrong pairs. Several processes: transformers'
+        default (None: each process reads its contiguous share)."""
+        if eval_dataset is None or not has_length(eval_dataset):
+            return None
+        return SequentialSampler(eval_dataset) if self.args.world_size <= 1 else None
 
     def _get_output_dir(self, trial) -> str:
         run_dir = super()._get_output_dir(trial)
