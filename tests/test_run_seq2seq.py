@@ -40,6 +40,12 @@ def test_writes_scores_model_tokenizer_predictions_and_loss_curve(seq2seq_run):
     assert results["copy_baseline_bleu"] == pytest.approx(copy)
     for name in ("config.json", "model.safetensors", "tokenizer.json", "loss_curve.png", "generation_config.json"):
         assert (seq2seq_run / name).exists(), name
+    # The card says how the scores compare with copying (32 training pairs: below it).
+    card = " ".join((seq2seq_run / "README.md").read_text().split())
+    assert (
+        f"On the 16 test pairs it scores {results['predict_bleu']:.1f} BLEU and {results['predict_chrf']:.1f} chrF, "
+        f"not above the {copy:.1f} BLEU and not above the {results['copy_baseline_chrf']:.1f} chrF of copying"
+    ) in card
 
 
 def test_saved_folder_loads_as_seq2seq_and_as_encoder(seq2seq_run):
