@@ -260,13 +260,20 @@ def check_num_decoder_layers(value: int | None, model_type: str, path: str) -> N
         ScriptInputError: `--num_decoder_layers` is below 1, or given for a checkpoint that already has a decoder (it
             only shapes a warm start from a plain BERT checkpoint).
     """
-    if value is None:
-        return
-    if value < 1:
+    if value is not None and value < 1:
         raise ScriptInputError(f"num_decoder_layers ({value}) must be >= 1")
-    if model_type != "bert":
+    check_warm_start_option("num_decoder_layers", value, model_type, path)
+
+
+def check_warm_start_option(name: str, value, model_type: str, path: str) -> None:
+    """
+    Raises:
+        ScriptInputError: the option `name` is set (not None) for a checkpoint that already has a decoder: it only
+            shapes a warm start from a plain BERT checkpoint.
+    """
+    if value is not None and model_type != "bert":
         raise ScriptInputError(
-            f"num_decoder_layers ({value}) only applies to a warm start from a plain BERT checkpoint; {path!r} is a "
+            f"{name} ({value!r}) only applies to a warm start from a plain BERT checkpoint; {path!r} is a "
             f"{model_type!r} checkpoint whose decoder is loaded as saved"
         )
 
@@ -486,11 +493,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ):
         check_max_length(name, value, decoder_config, f"the decoder of {path!r}")
     check_num_decoder_layers(model_args.num_decoder_layers, config.model_type, path)
-    if model_args.cross_attention_source is not None and config.model_type != "bert":
-        raise ScriptInputError(
-            f"cross_attention_source ({model_args.cross_attention_source!r}) only applies to a warm start from a plain "
-            f"BERT checkpoint; {path!r} is a {config.model_type!r} checkpoint whose decoder is loaded as saved"
-        )
+    check_warm_start_option("cross_attention_source", model_args.cross_attention_source, config.model_type, path)
     transformers.set_seed(training_args.seed)
 
     with training_args.main_process_first(desc="loading the data"):
