@@ -1,17 +1,25 @@
 #!/usr/bin/env python
-"""Benchmark seqbert against transformers' own BERT classes holding identical weights, in one process, interleaved.
-With --repeats 5 it took 20 minutes on 2 CPU cores (2026-11-23); the default 3 repeats take less.
+"""Benchmark seqbert against transformers' own BERT classes and against the other engines a user could pick for CPU
+inference, all holding identical weights, in one process, interleaved. The default run takes about 25 minutes on 2
+CPU cores (2026-11-23).
 
-    python scripts/benchmark.py [--repeats 3] [--json_file benchmark.json]
+    python scripts/benchmark.py [--repeats 3] [--threads 1 2] [--json_file benchmark.json] [--chart_file benchmark.png]
 
-Workloads (fp32, all cores, `torch.inference_mode` for inference):
+Inference (fp32 unless named int8, `torch.inference_mode`), at each of `--threads` (torch and onnxruntime alike):
 
-- `dense_inference`: bert-base width (`BertConfig()`, seeded), `BertModel` vs `SeqBertModel`, a batch of 8 x 128
-  real tokens (Rotten Tomatoes text cut into blocks), no padding;
-- `real_length_inference`: the same models on Rotten Tomatoes snippets in batches of 32 with dynamic padding
-  (`DataCollatorWithPadding`), as a classifier sees them;
-- `real_length_training`: `BertForSequenceClassification` vs `SeqBertForSequenceClassification` (dropout 0, so both
-  see the same computation), forward + backward + AdamW step on those batches, each model with its own optimizer;
+- engines (`scripts/benchmark_engines.py`): transformers' `BertModel` (sdpa; the reference of every delta), torch's
+  `nn.TransformerEncoder` fast path over nested tensors, onnxruntime (the exported `BertModel` fused by onnxruntime's
+  BERT optimizer), seqbert's `SeqBertModel`, and the int8 versions: onnxruntime's dynamic quantization of the fused
+  graph and torch's dynamic quantization of seqbert's linear layers;
+- models: MiniLM-L6 (real weights) and a seeded bert-base-width model with 4 layers;
+- `real_length`: Rotten Tomatoes snippets in batches of 32 with dynamic padding (`DataCollatorWithPadding`), as a
+  classifier sees them; `dense` (bert-base width only): a batch of 8 x 128 real tokens (snippets cut into blocks).
+
+Training and generation, at all cores:
+
+- `real_length_training`: `BertForSequenceClassification` vs `SeqBertForSequenceClassification` (bert-base size, dropout
+  0, so both see the same computation), forward + backward + AdamW step on the real-length batches, each model with
+  its own optimizer;
 - `padding_free_mlm_training`: masked-LM training steps of one model (`SeqBertForMaskedLM`, bert-base width, 4
   layers, dropout 0) on the same masked snippets, padded per batch ("reference") or packed into one row per batch
   without padding (`DataCollatorWithFlattening`, "seqbert"): what `run_mlm.py --padding_free` buys over
@@ -21,12 +29,12 @@ Workloads (fp32, all cores, `torch.inference_mode` for inference):
 - `training_memory`: peak RSS during the training step (the real-length batches, once), one fresh process per model,
   with the peak reset after the model, optimizer and batches are built (`VmHWM` of /proc/self/status).
 
-Each timed workload runs reference, seqbert, reference, seqbert, ... `--repeats` times; the table shows medians. Per
-workload: real (non-padding) tokens per second for both (generated tokens for generation), the ratio seqbert /
-reference, the max |delta| between the two outputs on real tokens (hidden states, logits or losses; for generation
-whether the ids are identical), and the fraction of this machine's fp32 matmul peak (a 2048^3 `torch.mm`, measured in
-the same run) that seqbert reaches, counting 2 FLOPs per multiply-add of the linear layers on real tokens and of
-attention on the padded length (x3 for training).
+Each timed workload runs its contenders in turn, `--repeats` times; tables show medians, the JSON also the fastest and
+slowest repeat. Per workload: real (non-padding) tokens per second (generated tokens for generation), seqbert's
+speed-up over each contender, the max |delta| from the reference on real tokens (hidden states, logits or losses; for
+generation whether the ids are identical), and the fraction of the fp32 matmul peak reached: 2 FLOPs per
+multiply-add of the linear layers on real tokens and of attention on each sequence's real length (x3 for training),
+over the fastest of many 2048^3 `torch.mm` products at the same thread count, timed between the workload's rounds.
 """
 
 import gc
@@ -53,23 +61,47 @@ from seqbert.data import load_rotten_tomatoes, minilm_checkpoint_path
 from seqbert.script_utils import script_parser
 
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchmark_engines  # noqa: E402  (next to this script)
+
+
 @dataclass
 class BenchmarkArguments:
     repeats: int = field(default=3, metadata={"help": "Interleaved timed repetitions per workload (median shown)."})
+    threads: list[int] = field(
+        default_factory=lambda: [1, 2], metadata={"help": "Thread counts of the inference workloads."}
+    )
     num_batches: int = field(default=8, metadata={"help": "Batches of 32 snippets in the real-length workloads."})
     json_file: str | None = field(default="benchmark.json", metadata={"help": "Where to write the results."})
+    chart_file: str | None = field(
+        default="benchmark.png", metadata={"help": "Where to draw the inference bar chart (PNG)."}
+    )
     skip_generation: bool = field(default=False, metadata={"help": "Leave out the generation workload."})
     memory_probe: str | None = field(
         default=None, metadata={"help": "Internal: 'reference' or 'seqbert', measure one training step's peak RSS."}
     )
 
 
-def matmul_peak_gflops(size: int = 2048, repeats: int = 5) -> float:
-    """fp32 GFLOP/s of the best of `repeats` (size x size) @ (size x size) products on all cores."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    torch.mm(a, b)
-    best = min(_timed(lambda: torch.mm(a, b)) for _ in range(repeats))
-    return 2 * size**3 / best / 1e9
+INFERENCE_ENGINES = ("transformers", "nested_tensor", "onnxruntime", "seqbert", "onnxruntime_int8", "seqbert_int8")
+
+
+class MatmulPeak:
+    """The fastest fp32 (size x size) @ (size x size) `torch.mm` seen so far, per thread count, in GFLOP/s. `probe()`
+    is called between a workload's rounds, so the peak is sampled over the whole run rather than once."""
+
+    def __init__(self, size: int = 2048, products_per_probe: int = 3):
+        self.size, self.products_per_probe = size, products_per_probe
+        self.a, self.b = torch.randn(size, size), torch.randn(size, size)
+        self.best_seconds: dict[int, float] = {}
+
+    def probe(self) -> None:
+        threads = torch.get_num_threads()
+        for _ in range(self.products_per_probe):
+            seconds = _timed(lambda: torch.mm(self.a, self.b))
+            self.best_seconds[threads] = min(seconds, self.best_seconds.get(threads, float("inf")))
+
+    def gflops(self, threads: int | None = None) -> float:
+        return 2 * self.size**3 / self.best_seconds[threads or torch.get_num_threads()] / 1e9
 
 
 def _timed(fn) -> float:
@@ -79,25 +111,29 @@ def _timed(fn) -> float:
 
 
 def encoder_flops(config, batches: list[dict]) -> float:
-    """Forward FLOPs of a BERT encoder on `batches`: linear layers on real tokens, attention on the padded length."""
+    """Forward FLOPs of a BERT encoder on the real tokens of `batches`: the linear layers on each real token, and
+    attention (QK^T and PV) on each sequence's real length."""
     hidden, inner, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
     total = 0.0
     for batch in batches:
-        real = batch["attention_mask"].sum().item()
-        size, length = batch["attention_mask"].shape
-        total += 2 * real * layers * (4 * hidden * hidden + 2 * hidden * inner)  # QKV, output, FFN up and down
-        total += 2 * layers * size * length * length * 2 * hidden  # QK^T and PV
+        lengths = batch["attention_mask"].sum(1).double()
+        total += 2 * lengths.sum().item() * layers * (4 * hidden * hidden + 2 * hidden * inner)  # QKV, out, FFN
+        total += 2 * layers * (lengths**2).sum().item() * 2 * hidden  # QK^T and PV
     return total
 
 
-def bert_base_folders(tmp: str) -> tuple[str, str]:
-    """Seeded bert-base-size `BertModel` and `BertForSequenceClassification` (dropout 0) saved as BERT checkpoints."""
+def bert_base_folders(tmp: str) -> tuple[str, str, str]:
+    """Seeded bert-base-size `BertModel`, the same width with 4 layers, and `BertForSequenceClassification` (dropout
+    0), saved as BERT checkpoints."""
+    folders = (f"{tmp}/base", f"{tmp}/base_4_layers", f"{tmp}/cls")
     torch.manual_seed(0)
-    BertModel(BertConfig()).save_pretrained(f"{tmp}/base")
+    BertModel(BertConfig()).save_pretrained(folders[0])
+    torch.manual_seed(0)
+    BertModel(BertConfig(num_hidden_layers=4)).save_pretrained(folders[1])
     torch.manual_seed(0)
     config = BertConfig(num_labels=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    BertForSequenceClassification(config).save_pretrained(f"{tmp}/cls")
-    return f"{tmp}/base", f"{tmp}/cls"
+    BertForSequenceClassification(config).save_pretrained(folders[2])
+    return folders
 
 
 def real_length_batches(tokenizer, num_batches: int, batch_size: int = 32) -> list[dict]:
@@ -109,7 +145,8 @@ def real_length_batches(tokenizer, num_batches: int, batch_size: int = 32) -> li
     batches = []
     for start in range(0, len(labels), batch_size):
         features = [
-            {"input_ids": encoded["input_ids"][i], "attention_mask": encoded["attention_mask"][i], "labels": labels[i]}
+            {name: encoded[name][i] for name in ("input_ids", "token_type_ids", "attention_mask")}
+            | {"labels": labels[i]}
             for i in range(start, start + batch_size)
         ]
         batches.append(dict(collator(features)))
@@ -124,31 +161,117 @@ def dense_batch(tokenizer, batch_size: int = 8, length: int = 128) -> dict:
         if len(ids) >= batch_size * length:
             break
     input_ids = torch.tensor(ids[: batch_size * length]).view(batch_size, length)
-    return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+    return {
+        "input_ids": input_ids,
+        "token_type_ids": torch.zeros_like(input_ids),
+        "attention_mask": torch.ones_like(input_ids),
+    }
 
 
-def interleave(workers: dict, repeats: int) -> dict[str, float]:
-    """Run `workers` (label -> callable) in turn, `repeats` times; median seconds per label."""
+def interleave(workers: dict, repeats: int, between=None) -> dict[str, list[float]]:
+    """Run `workers` (label -> callable) in turn, `repeats` times, calling `between()` before each round; the
+    seconds of every run per label."""
     times = {label: [] for label in workers}
     for _ in range(repeats):
+        if between is not None:
+            between()
         for label, work in workers.items():
             times[label].append(_timed(work))
-    return {label: statistics.median(values) for label, values in times.items()}
+    return times
+
+
+def _summary(seconds: list[float]) -> dict:
+    return {"seconds": statistics.median(seconds), "fastest_seconds": min(seconds), "slowest_seconds": max(seconds)}
 
 
 @torch.inference_mode()
-def inference_workload(reference, model, batches, repeats) -> dict:
-    masks = [b["attention_mask"].bool() for b in batches]
-    inputs = [{k: v for k, v in b.items() if k != "labels"} for b in batches]
-    delta = max(
-        (reference(**x).last_hidden_state - model(**x).last_hidden_state)[m].abs().max().item()
-        for x, m in zip(inputs, masks, strict=True)
+def inference_rows(
+    model_name: str, bert_folder: str, workloads: dict, threads: list[int], repeats: int, peak: MatmulPeak, tmp: str
+) -> list[dict]:
+    """Every engine on each workload (name -> batches) of one BERT checkpoint, at each thread count."""
+    bert = BertModel.from_pretrained(bert_folder).eval()
+    model = seqbert.SeqBertModel.from_bert_pretrained(bert_folder).eval()
+    folder = Path(tmp) / model_name.replace(" ", "_")
+    folder.mkdir()
+    sample = next(iter(workloads.values()))[0]
+    onnx_fp32, onnx_int8, fused_ops = benchmark_engines.export_fused_onnx(bert_folder, sample, folder)
+    modules = {
+        "transformers": bert,
+        "nested_tensor": benchmark_engines.NestedTensorBert(bert),
+        "seqbert": model,
+        "seqbert_int8": benchmark_engines.quantize_int8(model),
+    }
+    available = torch.get_num_threads()
+    rows = []
+    for count in threads:
+        torch.set_num_threads(count)
+        engines = {name: benchmark_engines.torch_engine(module) for name, module in modules.items()}
+        engines["onnxruntime"] = benchmark_engines.onnxruntime_engine(onnx_fp32, count)
+        engines["onnxruntime_int8"] = benchmark_engines.onnxruntime_engine(onnx_int8, count)
+        engines = {name: engines[name] for name in INFERENCE_ENGINES}
+        for workload, batches in workloads.items():
+            masks = [batch["attention_mask"].bool() for batch in batches]
+            references = [engines["transformers"](batch) for batch in batches]
+            times = interleave(
+                {name: (lambda run=run, batches=batches: [run(b) for b in batches]) for name, run in engines.items()},
+                repeats,
+                between=peak.probe,
+            )
+            flops = encoder_flops(bert.config, batches)
+            real = sum(mask.sum().item() for mask in masks)
+            results = {}
+            for name, run in engines.items():
+                delta = max(
+                    (run(batch) - reference)[mask].abs().max().item()
+                    for batch, reference, mask in zip(batches, references, masks, strict=True)
+                )
+                summary = _summary(times[name])
+                results[name] = summary | {
+                    "tokens_per_s": real / summary["seconds"],
+                    "max_abs_delta": delta,
+                    "fraction_of_matmul_peak": flops / summary["seconds"] / 1e9 / peak.gflops(count),
+                }
+            seqbert_seconds = results["seqbert"]["seconds"]
+            rows.append(
+                {
+                    "model": model_name,
+                    "workload": workload,
+                    "threads": count,
+                    "real_tokens": real,
+                    "padding_fraction": 1 - real / sum(mask.numel() for mask in masks),
+                    "engines": results,
+                    "seqbert_speedup": {name: row["seconds"] / seqbert_seconds for name, row in results.items()},
+                    "int8_speedup": results["seqbert"]["seconds"] / results["seqbert_int8"]["seconds"],
+                    "onnxruntime_fused_operators": fused_ops,
+                }
+            )
+    torch.set_num_threads(available)
+    return rows
+
+
+def inference_chart(rows: list[dict], path: str) -> None:
+    """Grouped bars: each engine's real tokens per second relative to transformers, one group per inference row."""
+    from matplotlib.figure import Figure  # no pyplot state nor display backend
+
+    figure = Figure(figsize=(11, 4.5), layout="constrained")
+    axes = figure.subplots()
+    width = 0.8 / len(INFERENCE_ENGINES)
+    for index, name in enumerate(INFERENCE_ENGINES):
+        heights = [
+            row["engines"][name]["tokens_per_s"] / row["engines"]["transformers"]["tokens_per_s"] for row in rows
+        ]
+        positions = [group + (index - (len(INFERENCE_ENGINES) - 1) / 2) * width for group in range(len(rows))]
+        axes.bar(positions, heights, width, label=name)
+    axes.set_xticks(
+        range(len(rows)),
+        [f"{row['model']}\n{row['workload']}, {row['threads']} thr." for row in rows],
+        fontsize=7,
     )
-    seconds = interleave(
-        {"reference": lambda: [reference(**x) for x in inputs], "seqbert": lambda: [model(**x) for x in inputs]},
-        repeats,
-    )
-    return {"seconds": seconds, "real_tokens": sum(m.sum().item() for m in masks), "max_abs_delta": delta}
+    axes.axhline(1.0, color="black", linewidth=0.6)
+    axes.set_ylabel("speed relative to transformers' BertModel")
+    axes.grid(axis="y", alpha=0.3)
+    axes.legend(fontsize=7, ncols=3)
+    figure.savefig(path, dpi=120)
 
 
 def training_steps(model, batches, losses: list):
@@ -166,7 +289,18 @@ def training_steps(model, batches, losses: list):
     return run
 
 
-def training_workload(cls_folder: str, batches, repeats) -> dict:
+def _training_result(times: dict, losses: dict, batches: list[dict]) -> dict:
+    delta = max(abs(a - b) for a, b in zip(losses["reference"], losses["seqbert"], strict=True))
+    return {
+        "seconds": {label: statistics.median(values) for label, values in times.items()},
+        "spread_seconds": {label: [min(values), max(values)] for label, values in times.items()},
+        "real_tokens": sum(b["attention_mask"].sum().item() for b in batches),
+        "max_abs_delta": delta,
+        "compared": "loss at every step",
+    }
+
+
+def training_workload(cls_folder: str, batches, repeats, peak: MatmulPeak) -> dict:
     reference = BertForSequenceClassification.from_pretrained(cls_folder).train()
     model = seqbert.SeqBertForSequenceClassification.from_bert_pretrained(cls_folder).train()
     losses = {"reference": [], "seqbert": []}
@@ -174,10 +308,7 @@ def training_workload(cls_folder: str, batches, repeats) -> dict:
         "reference": training_steps(reference, batches, losses["reference"]),
         "seqbert": training_steps(model, batches, losses["seqbert"]),
     }
-    seconds = interleave(runs, repeats)
-    delta = max(abs(a - b) for a, b in zip(losses["reference"], losses["seqbert"], strict=True))
-    real = sum(b["attention_mask"].sum().item() for b in batches)
-    return {"seconds": seconds, "real_tokens": real, "max_abs_delta": delta, "compared": "loss at every step"}
+    return _training_result(interleave(runs, repeats, between=peak.probe), losses, batches)
 
 
 def padding_free_workload(batches, repeats) -> dict:
@@ -204,10 +335,7 @@ def padding_free_workload(batches, repeats) -> dict:
         model = seqbert.SeqBertForMaskedLM(config).train()
         model.load_state_dict(initial)
         runs[label] = training_steps(model, inputs, losses[label])
-    seconds = interleave(runs, repeats)
-    delta = max(abs(a - b) for a, b in zip(losses["reference"], losses["seqbert"], strict=True))
-    real = sum(b["attention_mask"].sum().item() for b in batches)
-    return {"seconds": seconds, "real_tokens": real, "max_abs_delta": delta, "compared": "loss at every step"}
+    return _training_result(interleave(runs, repeats), losses, batches)
 
 
 def _proc_status_mib(field: str) -> float:
@@ -226,7 +354,7 @@ def memory_probe(which: str, num_batches: int) -> None:
     tokenizer = AutoTokenizer.from_pretrained(minilm_checkpoint_path())
     batches = real_length_batches(tokenizer, num_batches)
     with tempfile.TemporaryDirectory() as tmp:
-        _, cls_folder = bert_base_folders(tmp)
+        *_, cls_folder = bert_base_folders(tmp)
         if which == "reference":
             model = BertForSequenceClassification.from_pretrained(cls_folder).train()
         else:
@@ -257,35 +385,34 @@ def main(argv: list[str] | None = None) -> dict:
     if args.memory_probe is not None:
         memory_probe(args.memory_probe, args.num_batches)
         return {}
+    bad = [count for count in args.threads if count < 1]
+    if bad:
+        raise ValueError(f"--threads must be positive thread counts, got {args.threads}")
     torch.manual_seed(0)
-    peak = matmul_peak_gflops()
+    peak = MatmulPeak()
     tokenizer = AutoTokenizer.from_pretrained(minilm_checkpoint_path())
     batches = real_length_batches(tokenizer, args.num_batches)
     dense = [dense_batch(tokenizer)]
-    results = {"machine": {"threads": torch.get_num_threads(), "fp32_matmul_peak_gflops": peak}}
+    all_cores = torch.get_num_threads()
+    results = {"machine": {"threads": all_cores, "inference_threads": args.threads}, "inference": []}
     with tempfile.TemporaryDirectory() as tmp:
-        base_folder, cls_folder = bert_base_folders(tmp)
-        reference = BertModel.from_pretrained(base_folder).eval()
-        model = seqbert.SeqBertModel.from_bert_pretrained(base_folder).eval()
-        flops = {"dense_inference": encoder_flops(model.config, dense)}
-        flops["real_length_inference"] = encoder_flops(model.config, batches)
-        flops["real_length_training"] = 3 * flops["real_length_inference"]
-        results["dense_inference"] = inference_workload(reference, model, dense, args.repeats)
-        results["real_length_inference"] = inference_workload(reference, model, batches, args.repeats)
-        del reference, model
-        results["real_length_training"] = training_workload(cls_folder, batches, args.repeats)
+        base_folder, base_4_layers, cls_folder = bert_base_folders(tmp)
+        for model_name, folder, workloads in (
+            ("MiniLM-L6", str(minilm_checkpoint_path()), {"real_length": batches}),
+            ("bert-base width, 4 layers", base_4_layers, {"real_length": batches, "dense": dense}),
+        ):
+            results["inference"] += inference_rows(model_name, folder, workloads, args.threads, args.repeats, peak, tmp)
+        results["real_length_training"] = training_workload(cls_folder, batches, args.repeats, peak)
+        training_flops = 3 * encoder_flops(BertConfig(), batches)
     results["padding_free_mlm_training"] = padding_free_workload(batches, args.repeats)
-    padding = 1 - sum(b["attention_mask"].sum().item() for b in batches) / sum(
-        b["attention_mask"].numel() for b in batches
-    )
-    results["real_length_inference"]["padding_fraction"] = padding
-    for name in (*flops, "padding_free_mlm_training"):
+    for name in ("real_length_training", "padding_free_mlm_training"):
         row = results[name]
         row["reference_tokens_per_s"] = row["real_tokens"] / row["seconds"]["reference"]
         row["seqbert_tokens_per_s"] = row["real_tokens"] / row["seconds"]["seqbert"]
         row["ratio"] = row["seconds"]["reference"] / row["seconds"]["seqbert"]
-        if name in flops:
-            row["seqbert_fraction_of_matmul_peak"] = flops[name] / row["seconds"]["seqbert"] / 1e9 / peak
+    results["real_length_training"]["seqbert_fraction_of_matmul_peak"] = (
+        training_flops / results["real_length_training"]["seconds"]["seqbert"] / 1e9 / peak.gflops(all_cores)
+    )
     if not args.skip_generation:
         sys.path.insert(0, str(Path(__file__).parent))
         import benchmark_generation
@@ -306,32 +433,49 @@ def main(argv: list[str] | None = None) -> dict:
         **memory,
         "ratio": memory["seqbert"]["peak_rss_mib"] / memory["reference"]["peak_rss_mib"],
     }
+    results["machine"]["fp32_matmul_peak_gflops"] = {count: peak.gflops(count) for count in peak.best_seconds}
+    print_tables(results, args.repeats)
+    if args.json_file:
+        with open(args.json_file, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=2)
+    if args.chart_file:
+        inference_chart(results["inference"], args.chart_file)
+    return results
 
-    print(f"\n{torch.get_num_threads()} threads, fp32 matmul peak {peak:.0f} GFLOP/s, medians of {args.repeats}")
-    print(
-        f"{'workload':<24} {'reference tok/s':>16} {'seqbert tok/s':>14} {'ratio':>6} {'max|delta|':>11} {'% peak':>7}"
+
+def print_tables(results: dict, repeats: int) -> None:
+    peaks = ", ".join(
+        f"{gflops:.0f} GFLOP/s at {count}" for count, gflops in results["machine"]["fp32_matmul_peak_gflops"].items()
     )
+    print(f"\nfp32 matmul peak (fastest 2048^3 torch.mm): {peaks} threads; medians of {repeats}")
+    print("\ninference: real tokens/s per engine; in brackets seqbert's speed-up over it, max |delta| from BertModel")
+    for row in results["inference"]:
+        print(
+            f"{row['model']}, {row['workload']} ({100 * row['padding_fraction']:.0f}% padding), {row['threads']} threads:"
+        )
+        for name, engine in row["engines"].items():
+            print(
+                f"  {name:<18} {engine['tokens_per_s']:>8.0f} tok/s  [{row['seqbert_speedup'][name]:5.2f}x]  "
+                f"delta {engine['max_abs_delta']:.1e}  {100 * engine['fraction_of_matmul_peak']:5.1f}% of peak"
+            )
+        print(f"  seqbert int8 / seqbert fp32: {row['int8_speedup']:.2f}x")
+    print(f"\n{'workload':<26} {'reference tok/s':>16} {'seqbert tok/s':>14} {'ratio':>6} {'max|delta|':>11}")
     for name, row in results.items():
-        if "ratio" not in row or name == "training_memory":
+        if not isinstance(row, dict) or "seqbert_tokens_per_s" not in row:
             continue
         delta = row.get("max_abs_delta", "same ids" if row.get("identical_ids") else "DIFFERENT")
         delta = f"{delta:.1e}" if isinstance(delta, float) else delta
-        share = row.get("seqbert_fraction_of_matmul_peak")
-        share = f"{100 * share:.1f}" if share is not None else "-"
         print(
-            f"{name:<24} {row['reference_tokens_per_s']:>16.0f} {row['seqbert_tokens_per_s']:>14.0f} "
-            f"{row['ratio']:>6.2f} {delta:>11} {share:>7}"
+            f"{name:<26} {row['reference_tokens_per_s']:>16.0f} {row['seqbert_tokens_per_s']:>14.0f} "
+            f"{row['ratio']:>6.2f} {delta:>11}"
         )
+    share = results["real_length_training"]["seqbert_fraction_of_matmul_peak"]
+    print(f"seqbert training step: {100 * share:.1f}% of the matmul peak")
     mem = results["training_memory"]
     print(
         f"training step peak RSS: reference {mem['reference']['peak_rss_mib']:.0f} MiB, seqbert "
         f"{mem['seqbert']['peak_rss_mib']:.0f} MiB (ratio {mem['ratio']:.2f})"
     )
-    print(f"real-length batches: {100 * padding:.0f}% padding")
-    if args.json_file:
-        with open(args.json_file, "w", encoding="utf-8") as f:
-            json.dump(results, f, indent=2)
-    return results
 
 
 if __name__ == "__main__":

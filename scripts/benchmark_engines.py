@@ -1,0 +1,151 @@
+"""
+The engines a user could run instead of seqbert for BERT inference on a CPU, each built from the same BERT
+checkpoint, for `scripts/benchmark.py`. Every engine is a callable `batch -> last hidden state (B, L, H)` (fp32
+`torch.Tensor`), where `batch` holds `input_ids`, `token_type_ids` and `attention_mask` (B, L); values at padding
+positions are whatever the engine leaves there, so compare on real tokens only.
+
+- `transformers`: `BertModel` itself (sdpa attention), the reference for every delta.
+- `nested_tensor`: torch's `nn.TransformerEncoder` fast path with nested tensors (`enable_nested_tensor=True`), the
+  same weights in `nn.TransformerEncoderLayer`s (BERT's post-LN, exact GELU); this is what optimum's
+  BetterTransformer did for BERT. BERT's embeddings (`BertModel.embeddings`) feed it.
+- `onnxruntime`: `BertModel` exported by `torch.onnx.export` and fused by onnxruntime's transformer optimizer
+  (`onnxruntime.transformers.optimizer.optimize_model(model_type="bert")`), CPU execution provider. The export uses
+  the TorchScript exporter (`dynamo=False`) and eager attention: that is the graph whose attention and embedding
+  patterns the optimizer fuses (EmbedLayerNormalization, Attention, BiasGelu, SkipLayerNormalization). The dynamo
+  exporter's graph gets only the GELU and LayerNorm fusions (onnxruntime 1.32), so it would be a weaker contender.
+- `onnxruntime_int8`: that fused graph after onnxruntime's dynamic quantization
+  (`onnxruntime.quantization.quantize_dynamic`, int8 weights), the recipe of onnxruntime's BERT quantization guide.
+- `seqbert_int8`: `torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)` of a seqbert model
+  (README, "int8 inference"; `quantize_int8`, from `scripts/evaluate_int8.py`).
+"""
+
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime
+import torch
+from evaluate_int8 import quantize_int8  # noqa: F401  (next to this script; the int8 engine README documents)
+from onnxruntime.quantization import QuantType, quantize_dynamic
+from onnxruntime.transformers.optimizer import optimize_model
+from torch import nn
+from transformers import BertModel
+
+
+Engine = Callable[[dict], torch.Tensor]
+
+
+class NestedTensorBert(nn.Module):
+    """
+    A `BertModel`'s embeddings and encoder layers as `nn.TransformerEncoder`, so that inference takes torch's fused
+    fast path over nested tensors (padding dropped inside the encoder). Output (B, L, H), zeros at padding.
+    """
+
+    def __init__(self, bert: BertModel):
+        super().__init__()
+        config = bert.config
+        self.embeddings = bert.embeddings
+        layer = nn.TransformerEncoderLayer(
+            config.hidden_size,
+            config.num_attention_heads,
+            config.intermediate_size,
+            dropout=0.0,
+            activation="gelu",  # exact (erf) GELU, BERT's `hidden_act="gelu"`
+            layer_norm_eps=config.layer_norm_eps,
+            batch_first=True,
+            norm_first=False,
+        )
+        self.encoder = nn.TransformerEncoder(layer, config.num_hidden_layers, enable_nested_tensor=True)
+        for ours, theirs in zip(self.encoder.layers, bert.encoder.layer, strict=True):
+            attention = theirs.attention
+            projections = (attention.self.query, attention.self.key, attention.self.value)
+            with torch.no_grad():
+                ours.self_attn.in_proj_weight.copy_(torch.cat([p.weight for p in projections]))
+                ours.self_attn.in_proj_bias.copy_(torch.cat([p.bias for p in projections]))
+                ours.self_attn.out_proj.load_state_dict(attention.output.dense.state_dict())
+                ours.norm1.load_state_dict(attention.output.LayerNorm.state_dict())
+                ours.linear1.load_state_dict(theirs.intermediate.dense.state_dict())
+                ours.linear2.load_state_dict(theirs.output.dense.state_dict())
+                ours.norm2.load_state_dict(theirs.output.LayerNorm.state_dict())
+        self.eval()
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
+        hidden = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "nested tensors are in prototype stage"
+            return self.encoder(hidden, src_key_padding_mask=~attention_mask.bool())
+
+
+class _LastHiddenState(nn.Module):
+    """`BertModel` with positional inputs and one output, for the TorchScript ONNX exporter."""
+
+    def __init__(self, bert: BertModel):
+        super().__init__()
+        self.bert = bert
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        return self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)[0]
+
+
+ONNX_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def export_fused_onnx(bert_folder: str, sample: dict, folder: Path) -> tuple[Path, Path, dict]:
+    """
+    Export the BERT checkpoint at `bert_folder` to ONNX (dynamic batch and length), fuse it with onnxruntime's BERT
+    optimizer and quantize the fused graph to int8. Returns the fp32 and int8 paths and the fused operator counts.
+    """
+    bert = BertModel.from_pretrained(bert_folder, attn_implementation="eager", add_pooling_layer=False).eval()
+    exported, fused, int8 = folder / "bert.onnx", folder / "bert_fused.onnx", folder / "bert_fused_int8.onnx"
+    args = tuple(sample[name] for name in ONNX_INPUTS)
+    axes = {name: {0: "batch", 1: "length"} for name in (*ONNX_INPUTS, "last_hidden_state")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer warnings
+        torch.onnx.export(
+            _LastHiddenState(bert),
+            args,
+            str(exported),
+            input_names=list(ONNX_INPUTS),
+            output_names=["last_hidden_state"],
+            dynamic_axes=axes,
+            opset_version=17,
+            dynamo=False,
+        )
+    config = bert.config
+    optimized = optimize_model(
+        str(exported), model_type="bert", num_heads=config.num_attention_heads, hidden_size=config.hidden_size
+    )
+    optimized.save_model_to_file(str(fused))
+    fused_ops = {name: count for name, count in optimized.get_fused_operator_statistics().items() if count}
+    # Shape inference cannot type the outputs of the fused (com.microsoft) operators; they are all fp32.
+    extra = {"DefaultTensorType": onnx.TensorProto.FLOAT}
+    quantize_dynamic(str(fused), str(int8), weight_type=QuantType.QInt8, extra_options=extra)
+    return fused, int8, fused_ops
+
+
+def onnxruntime_engine(path: Path, threads: int) -> Engine:
+    """An onnxruntime CPU session on `path` with `threads` intra-op threads (and one inter-op thread)."""
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+    def run(batch: dict) -> torch.Tensor:
+        feed = {name: np.ascontiguousarray(batch[name].numpy(), dtype=np.int64) for name in ONNX_INPUTS}
+        return torch.from_numpy(session.run(None, feed)[0])
+
+    return run
+
+
+def torch_engine(model: nn.Module) -> Engine:
+    """`model(**batch)`'s first output (`last_hidden_state`) for seqbert and transformers models; the tensor itself
+    for `NestedTensorBert`."""
+
+    def run(batch: dict) -> torch.Tensor:
+        output = model(**{name: batch[name] for name in ONNX_INPUTS})
+        return output if isinstance(output, torch.Tensor) else output[0]
+
+    return run

@@ -1,0 +1,42 @@
+"""The contenders of scripts/benchmark.py compute BERT: each engine built from the real MiniLM checkpoint gives
+transformers' BertModel hidden states on real text (so the speed table compares like with like), and the fast paths
+it claims are the ones taken."""
+
+import sys
+from pathlib import Path
+
+import torch
+from transformers import BertModel
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import benchmark_engines  # noqa: E402
+
+
+@torch.inference_mode()
+def test_every_engine_computes_bert_on_real_text(minilm_path, tokenizer, rt_texts, tmp_path):
+    batch = dict(tokenizer(rt_texts[:32], padding=True, return_tensors="pt"))
+    real = batch["attention_mask"].bool()
+    assert not real.all()  # a padded batch, as the benchmark's
+    bert = BertModel.from_pretrained(minilm_path).eval()
+    expected = bert(**batch).last_hidden_state
+
+    nested = benchmark_engines.NestedTensorBert(bert)(**batch)
+    assert (nested[~real] == 0).all()  # the nested-tensor fast path ran: it pads its output with zeros
+    assert (nested - expected)[real].abs().max() < 1e-5
+
+    fp32_path, int8_path, fused = benchmark_engines.export_fused_onnx(str(minilm_path), batch, tmp_path)
+    assert fused["Attention"] == fused["BiasGelu"] == 6 and fused["EmbedLayerNormalization"] == 1
+    other = dict(tokenizer(rt_texts[32:40], padding=True, return_tensors="pt"))  # another batch and length
+    for inputs in (batch, other):
+        got = benchmark_engines.onnxruntime_engine(fp32_path, threads=1)(inputs)
+        reference = bert(**inputs).last_hidden_state
+        assert (got - reference)[inputs["attention_mask"].bool()].abs().max() < 1e-4
+
+    # The int8 engines stay within int8's reach of fp32, each with its own quantization.
+    for engine in (
+        benchmark_engines.onnxruntime_engine(int8_path, threads=1),
+        benchmark_engines.torch_engine(benchmark_engines.quantize_int8(bert)),
+    ):
+        delta = (engine(batch) - expected)[real].abs()
+        assert 0 < delta.mean() < 0.2
