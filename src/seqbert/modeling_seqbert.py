@@ -282,13 +282,13 @@ class UnpaddedBatch(NamedTuple):
     def pad(self, unpadded: torch.Tensor) -> torch.Tensor:
         """(1, T, ...) -> (B, L, ...) in the input layout, zeros at padding."""
         rows = unpadded.new_zeros(self.input_shape[0] * self.input_shape[1], *unpadded.shape[2:])
-        return rows.index_copy(0, self.indices, unpadded[0]).view(*self.input_shape, *unpadded.shape[2:])
+        return rows.index_copy_(0, self.indices, unpadded[0]).view(*self.input_shape, *unpadded.shape[2:])
 
     def to_attention_layout(self, unpadded: torch.Tensor) -> torch.Tensor:
         """(1, T, ...) -> (S, L_max, ...), one sequence per row, zeros after each sequence's end."""
         shape = self.attention_mask.shape
         rows = unpadded.new_zeros(shape[0] * shape[1], *unpadded.shape[2:])
-        return rows.index_copy(0, self.attention_indices, unpadded[0]).view(*shape, *unpadded.shape[2:])
+        return rows.index_copy_(0, self.attention_indices, unpadded[0]).view(*shape, *unpadded.shape[2:])
 
     def from_attention_layout(self, laid_out: torch.Tensor) -> torch.Tensor:
         """(S, L_max, ...) -> (1, T, ...): the real tokens' rows, in input order."""
