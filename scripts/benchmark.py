@@ -1,9 +1,11 @@
 #!/usr/bin/env python
 """Benchmark seqbert against transformers' own BERT classes and against the other engines a user could pick for CPU
-inference, all holding identical weights, in one process, interleaved. The default run takes about 25 minutes on 2
+inference, all holding identical weights, in one process, interleaved. The default run takes about 16 minutes on 2
 CPU cores (2026-11-23).
 
     python scripts/benchmark.py [--repeats 3] [--threads 1 2] [--json_file benchmark.json] [--chart_file benchmark.png]
+
+It needs the `train` and `integrations` extras (`pip install -e ".[train,integrations]"`: onnx, onnxruntime).
 
 Inference (fp32 unless named int8, `torch.inference_mode`), at each of `--threads` (torch and onnxruntime alike):
 

@@ -229,6 +229,7 @@ SCRIPTS_WITH_HELP = sorted(
     path.name
     for path in (ROOT / "scripts").glob("*.py")
     if path.name != "load_without_seqbert.py"  # a test helper
+    and 'if __name__ == "__main__":' in path.read_text()  # not the modules scripts import (benchmark_engines.py)
 )
 
 
