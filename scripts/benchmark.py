@@ -41,11 +41,9 @@ over the fastest of many 2048^3 `torch.mm` products at the same thread count, ti
 
 import gc
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,6 +63,7 @@ from seqbert.script_utils import script_parser
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchmark_engines  # noqa: E402  (next to this script)
+from interleaved_timing import interleave, median_and_spread, timed  # noqa: E402
 
 
 @dataclass
@@ -99,17 +98,11 @@ class MatmulPeak:
     def probe(self) -> None:
         threads = torch.get_num_threads()
         for _ in range(self.products_per_probe):
-            seconds = _timed(lambda: torch.mm(self.a, self.b))
+            seconds = timed(lambda: torch.mm(self.a, self.b))
             self.best_seconds[threads] = min(seconds, self.best_seconds.get(threads, float("inf")))
 
     def gflops(self, threads: int | None = None) -> float:
         return 2 * self.size**3 / self.best_seconds[threads or torch.get_num_threads()] / 1e9
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def encoder_flops(config, batches: list[dict]) -> float:
@@ -170,22 +163,6 @@ def dense_batch(tokenizer, batch_size: int = 8, length: int = 128) -> dict:
     }
 
 
-def interleave(workers: dict, repeats: int, between=None) -> dict[str, list[float]]:
-    """Run `workers` (label -> callable) in turn, `repeats` times, calling `between()` before each round; the
-    seconds of every run per label."""
-    times = {label: [] for label in workers}
-    for _ in range(repeats):
-        if between is not None:
-            between()
-        for label, work in workers.items():
-            times[label].append(_timed(work))
-    return times
-
-
-def _summary(seconds: list[float]) -> dict:
-    return {"seconds": statistics.median(seconds), "fastest_seconds": min(seconds), "slowest_seconds": max(seconds)}
-
-
 @torch.inference_mode()
 def inference_rows(
     model_name: str, bert_folder: str, workloads: dict, threads: list[int], repeats: int, peak: MatmulPeak, tmp: str
@@ -227,7 +204,7 @@ def inference_rows(
                     (run(batch) - reference)[mask].abs().max().item()
                     for batch, reference, mask in zip(batches, references, masks, strict=True)
                 )
-                summary = _summary(times[name])
+                summary = median_and_spread(times[name])
                 results[name] = summary | {
                     "tokens_per_s": real / summary["seconds"],
                     "max_abs_delta": delta,
@@ -293,9 +270,10 @@ def training_steps(model, batches, losses: list):
 
 def _training_result(times: dict, losses: dict, batches: list[dict]) -> dict:
     delta = max(abs(a - b) for a, b in zip(losses["reference"], losses["seqbert"], strict=True))
+    summaries = {label: median_and_spread(values) for label, values in times.items()}
     return {
-        "seconds": {label: statistics.median(values) for label, values in times.items()},
-        "spread_seconds": {label: [min(values), max(values)] for label, values in times.items()},
+        "seconds": {label: summary["seconds"] for label, summary in summaries.items()},
+        "spread_seconds": {label: summary["spread_seconds"] for label, summary in summaries.items()},
         "real_tokens": sum(b["attention_mask"].sum().item() for b in batches),
         "max_abs_delta": delta,
         "compared": "loss at every step",

@@ -17,20 +17,23 @@ thread count; the timing is the median of `--repeats` passes over all batches, f
 """
 
 import json
-import statistics
-import time
+import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import evaluate
 import torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 import seqbert  # noqa: F401  (registers SeqBERT with the Auto classes)
 from seqbert.data import load_rotten_tomatoes
 from seqbert.metrics import ACCURACY_PATH
 from seqbert.script_utils import ScriptInputError, parse_arguments, run_cli, script_parser
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from interleaved_timing import interleave, median_and_spread  # noqa: E402  (next to this script)
 
 
 @dataclass
@@ -76,36 +79,32 @@ def main(argv: list[str] | None = None) -> dict:
     snippets = load_rotten_tomatoes()["validation"]
     if args.max_eval_samples is not None:
         snippets = snippets.select(range(min(args.max_eval_samples, len(snippets))))
-    encoded = tokenizer(list(snippets["text"]), truncation=True, max_length=128)
-    collator = DataCollatorWithPadding(tokenizer)
+    texts = list(snippets["text"])
     batches = [
         dict(
-            collator(
-                [
-                    {name: encoded[name][i] for name in encoded}
-                    for i in range(start, min(start + args.batch_size, len(snippets)))
-                ]
+            tokenizer(
+                texts[start : start + args.batch_size],
+                truncation=True,
+                max_length=128,
+                padding=True,
+                return_tensors="pt",
             )
         )
-        for start in range(0, len(snippets), args.batch_size)
+        for start in range(0, len(texts), args.batch_size)
     ]
     models = {"fp32": fp32, "int8": int8}
     logits = {name: torch.cat([model(**batch).logits for batch in batches]) for name, model in models.items()}
-    seconds = {name: [] for name in models}
-    for _ in range(args.repeats):
-        for name, model in models.items():
-            start = time.perf_counter()
-            for batch in batches:
-                model(**batch)
-            seconds[name].append(time.perf_counter() - start)
+    seconds = interleave(
+        {name: (lambda model=model: [model(**batch) for batch in batches]) for name, model in models.items()},
+        args.repeats,
+    )
     accuracy = evaluate.load(ACCURACY_PATH)
     results = {"model_dir": args.model_dir, "examples": len(snippets), "threads": torch.get_num_threads()}
     for name in models:
         predictions = logits[name].argmax(-1)
         results[name] = {
             "accuracy": accuracy.compute(predictions=predictions, references=snippets["label"])["accuracy"],
-            "seconds": statistics.median(seconds[name]),
-            "spread_seconds": [min(seconds[name]), max(seconds[name])],
+            **median_and_spread(seconds[name]),
         }
     results["accuracy_change_points"] = 100 * (results["int8"]["accuracy"] - results["fp32"]["accuracy"])
     results["same_prediction"] = (logits["fp32"].argmax(-1) == logits["int8"].argmax(-1)).float().mean().item()
