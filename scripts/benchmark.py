@@ -20,8 +20,8 @@ Inference (fp32 unless named int8, `torch.inference_mode`), at each of `--thread
 Training and generation, at all cores:
 
 - `real_length_training`: `BertForSequenceClassification` vs `SeqBertForSequenceClassification` (bert-base size, dropout
-  0, so both see the same computation), forward + backward + AdamW step on the real-length batches, each model with
-  its own optimizer;
+  0, so both see the same computation), forward + backward + optimizer step on the real-length batches, each model with
+  its own optimizer: `Trainer`'s default, fused AdamW;
 - `padding_free_mlm_training`: masked-LM training steps of one model (`SeqBertForMaskedLM`, bert-base width, 4
   layers, dropout 0) on the same masked snippets, padded per batch ("reference") or packed into one row per batch
   without padding (`DataCollatorWithFlattening`, "seqbert"): what `run_mlm.py --padding_free` buys over
@@ -54,6 +54,8 @@ from transformers import (
     BertForSequenceClassification,
     BertModel,
     DataCollatorWithPadding,
+    Trainer,
+    TrainingArguments,
 )
 
 import seqbert
@@ -253,9 +255,18 @@ def inference_chart(rows: list[dict], path: str) -> None:
     figure.savefig(path, dpi=120)
 
 
+def trainer_optimizer(model) -> torch.optim.Optimizer:
+    """The optimizer `Trainer` builds by default (lr 1e-5 here): AdamW, fused with torch >= 2.8 ("adamw_torch_fused"),
+    which on CPU takes about 46 ms per step for bert-base against 232 ms for the foreach AdamW (measured 2026-11-23)."""
+    optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(
+        TrainingArguments(output_dir=tempfile.gettempdir(), learning_rate=1e-5, report_to=[])
+    )
+    return optimizer_cls(model.parameters(), **kwargs)
+
+
 def training_steps(model, batches, losses: list):
-    """A function that runs one AdamW step (lr 1e-5) of `model` per batch and appends each loss to `losses`."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    """A function that runs one step of `trainer_optimizer` of `model` per batch and appends each loss to `losses`."""
+    optimizer = trainer_optimizer(model)
 
     def run():
         for batch in batches:
@@ -339,7 +350,7 @@ def memory_probe(which: str, num_batches: int) -> None:
             model = BertForSequenceClassification.from_pretrained(cls_folder).train()
         else:
             model = seqbert.SeqBertForSequenceClassification.from_bert_pretrained(cls_folder).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    optimizer = trainer_optimizer(model)
     gc.collect()
     before = _proc_status_mib("VmRSS")
     with open("/proc/self/clear_refs", "w", encoding="utf-8") as f:
