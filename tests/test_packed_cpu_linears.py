@@ -40,7 +40,7 @@ def twice(context: PackedCpuLinears, module: nn.Linear, x: torch.Tensor) -> torc
 
 
 def is_packed(context: PackedCpuLinears, module: nn.Linear) -> bool:
-    return module in context.packed and context.packed[module][2] is not None
+    return module in context.packed and context.packed[module][1] is not None
 
 
 @torch.no_grad()
@@ -144,3 +144,17 @@ def test_generate_runs_its_decode_steps_packed(model, tokenizer, rt_texts, monke
     # vocabulary projection ran packed.
     cross_kv = {m for layer in model.decoder.layers for m in (layer.cross_attention.key, layer.cross_attention.value)}
     assert set(packed_modules) == (decoder_linears - cross_kv) | {model.lm_head.dense, model.lm_head.decoder}
+
+
+def test_weights_made_in_inference_mode(hidden_states):
+    """A model loaded under `torch.inference_mode()` has inference-tensor weights, which keep no version counter."""
+    cls_states, _ = hidden_states
+    with torch.inference_mode():
+        torch.manual_seed(0)
+        layer = nn.Linear(384, 384)
+        with PackedCpuLinears(layer) as context:
+            out = twice(context, layer, cls_states)
+            assert is_packed(context, layer)
+        torch.testing.assert_close(
+            out, nn.functional.linear(cls_states, layer.weight, layer.bias), rtol=1e-5, atol=1e-5
+        )

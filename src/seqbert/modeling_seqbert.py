@@ -2189,8 +2189,8 @@ class PackedCpuLinears:
     """
     Context manager: inside `with PackedCpuLinears(model):`, each plain `nn.Linear` of `model` (LoRA's base layers
     included) runs small CPU fp32 batches through oneDNN, with its weight reordered once into oneDNN's blocked layout
-    (`torch.ops.mkldnn._reorder_linear_weight` / `_linear_pointwise`, the pair inductor uses for frozen CPU linear
-    layers). `generate` of the two generation models runs under it; nothing else does.
+    (`torch.ops.mkldnn._reorder_linear_weight` / `_linear_pointwise`, the pair inductor's weight prepacking uses for
+    dynamic batch sizes). `generate` of the two generation models runs under it; nothing else does.
 
     Why (our own measurement, not a published trick): a decode step multiplies a few rows (batch x beams) by every
     weight. MKL's `addmm` reads a row-major weight at 6-7 GB/s for 8 rows on the 2-core AMD EPYC of README's tables;
@@ -2219,7 +2219,7 @@ class PackedCpuLinears:
     def __init__(self, model: nn.Module):
         self.model = model
         self.swapped: list[nn.Linear] = []
-        self.packed: dict[nn.Linear, tuple] = {}  # module -> (weight, its version, packed weight or None)
+        self.packed: dict[nn.Linear, tuple] = {}  # module -> (the weight, its packed copy or None before its 2nd use)
 
     def __enter__(self) -> "PackedCpuLinears":
         if _ONEDNN_LINEAR:
@@ -2234,17 +2234,17 @@ class PackedCpuLinears:
         self.swapped, self.packed = [], {}
 
     def linear(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        """`module(x)` for an `nn.Linear`: (..., in_features) -> (..., out_features), in `x`'s dtype."""
         weight, bias = module.weight, module.bias
         if not (_packable_cpu_linear(x, weight, bias) and self._small(x, weight)):
             return nn.functional.linear(x, weight, bias)
-        entry = self.packed.get(module)
-        if entry is None or entry[0] is not weight or entry[1] != weight._version:  # its first small call
-            self.packed[module] = (weight, weight._version, None)
+        weight_seen, packed = self.packed.get(module, (None, None))
+        if weight_seen is not weight:  # its first small call (or a weight replaced inside the block)
+            self.packed[module] = (weight, None)
             return nn.functional.linear(x, weight, bias)
-        packed = entry[2]
         if packed is None:
             packed = torch.ops.mkldnn._reorder_linear_weight(weight, self.max_rows)
-            self.packed[module] = (weight, weight._version, packed)
+            self.packed[module] = (weight, packed)
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
     def _small(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
