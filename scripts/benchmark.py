@@ -60,7 +60,7 @@ from transformers import (
 
 import seqbert
 from seqbert.data import load_rotten_tomatoes, minilm_checkpoint_path
-from seqbert.script_utils import script_parser
+from seqbert.script_utils import ScriptInputError, parse_arguments, run_cli, script_parser
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -83,6 +83,10 @@ class BenchmarkArguments:
     memory_probe: str | None = field(
         default=None, metadata={"help": "Internal: 'reference' or 'seqbert', measure one training step's peak RSS."}
     )
+
+    def __post_init__(self):
+        if any(count < 1 for count in self.threads):
+            raise ScriptInputError(f"--threads must be positive thread counts, got {self.threads}")
 
 
 INFERENCE_ENGINES = ("transformers", "nested_tensor", "onnxruntime", "seqbert", "onnxruntime_int8", "seqbert_int8")
@@ -372,13 +376,10 @@ def memory_workload(num_batches: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    (args,) = script_parser(BenchmarkArguments, __doc__).parse_args_into_dataclasses(args=argv)
+    (args,) = parse_arguments(script_parser(BenchmarkArguments, __doc__), argv)
     if args.memory_probe is not None:
         memory_probe(args.memory_probe, args.num_batches)
         return {}
-    bad = [count for count in args.threads if count < 1]
-    if bad:
-        raise ValueError(f"--threads must be positive thread counts, got {args.threads}")
     torch.manual_seed(0)
     peak = MatmulPeak()
     tokenizer = AutoTokenizer.from_pretrained(minilm_checkpoint_path())
@@ -405,8 +406,7 @@ def main(argv: list[str] | None = None) -> dict:
         training_flops / results["real_length_training"]["seconds"]["seqbert"] / 1e9 / peak.gflops(all_cores)
     )
     if not args.skip_generation:
-        sys.path.insert(0, str(Path(__file__).parent))
-        import benchmark_generation
+        import benchmark_generation  # next to this script, on sys.path since the imports above
 
         rows = benchmark_generation.main(["--repeats", str(args.repeats)])
         for row in rows:
@@ -470,4 +470,4 @@ def print_tables(results: dict, repeats: int) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main, script_parser(BenchmarkArguments, __doc__))
