@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 from safetensors.torch import load_file
 from transformers import (
     AutoTokenizer,
@@ -26,6 +27,28 @@ from seqbert.data import minilm_checkpoint_path, rotten_tomatoes_path
 
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# Hypothesis profiles. "ci", the default, is what README's test command runs: derandomized (every run draws the same
+# examples) and without an example database, so the suite cannot pass or fail by chance: a red run means a change
+# broke something. "campaign" (SEQBERT_HYPOTHESIS_PROFILE=campaign) draws new random examples on every run and raises
+# each fuzz test's example count to its campaign size (`fuzz_examples`): the long on-demand fuzz campaign of the
+# testing docs, over 20,000 examples in all.
+HYPOTHESIS_PROFILE = os.environ.get("SEQBERT_HYPOTHESIS_PROFILE", "ci")
+settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
+settings.register_profile(
+    "campaign",
+    derandomize=False,
+    database=None,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile(HYPOTHESIS_PROFILE)
+
+
+def fuzz_examples(ci: int, campaign: int) -> int:
+    """`max_examples` of a fuzz test: `ci` in the suite's deterministic profile, `campaign` in the long campaign."""
+    return campaign if HYPOTHESIS_PROFILE == "campaign" else ci
 
 # The transformers tester sizes (tests/models/bert/test_modeling_bert.py).
 TINY = dict(
