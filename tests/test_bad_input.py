@@ -282,6 +282,8 @@ CONFIG_CASES = [
     (dict(is_encoder_decoder=True, eos_token_id=-1), ValueError, r"eos_token_id \(-1\) must be >= 0"),
     (dict(num_decoder_layers=2.0), TypeError, r"num_decoder_layers must be an int, got 2.0"),
     (dict(intermediate_size="37"), TypeError, r"intermediate_size must be an int, got '37' of type str"),
+    # Found by the config fuzzing: transformers itself fails on it with a bare TypeError from range().
+    (dict(num_labels=None), TypeError, r"num_labels must be an int, got None of type NoneType"),
 ]  # fmt: skip
 
 
@@ -306,3 +308,50 @@ def test_a_config_changed_after_construction_is_checked_when_a_model_is_built_or
 def test_question_answering_needs_two_labels():
     _expect(ValueError, r"num_labels \(3\) must be 2 for SeqBertForQuestionAnswering: one start and one end logit",
             lambda: seqbert.SeqBertForQuestionAnswering(tiny_config(num_labels=3)))  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Faults the fuzzing found (tests/test_fuzz.py): each now fails clearly
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 0), (1, 0, 4), (0, 2, 4)])
+def test_multiple_choice_with_an_empty_dimension(models, shape):
+    """(1, 1, 0) raised `cannot reshape tensor of 0 elements` from the multiple-choice forward's flattening."""
+    _expect(ValueError, re.escape(f"input_ids has shape {shape}: need at least one example, one choice and one token"),
+            lambda: models["choice"](input_ids=torch.zeros(shape, dtype=torch.long)))  # fmt: skip
+
+
+GENERATE_CASES = [
+    ("empty-prompt", dict(input_ids=torch.zeros(2, 0, dtype=torch.long)),
+     r"input_ids has shape \(2, 0\): generate needs at least one sequence of at least one token"),
+    ("no-beams", dict(num_beams=0), r"num_beams \(0\) must be >= 1"),
+    ("negative-beams", dict(num_beams=-1), r"num_beams \(-1\) must be >= 1"),
+    ("no-return-sequences", dict(num_return_sequences=0), r"num_return_sequences \(0\) must be >= 1"),
+    ("eos-beyond-vocab", dict(eos_token_id=[3, 1000000]),
+     r"eos_token_id \(\[3, 1000000\]\) holds 1000000, but token ids must lie in \[0, vocab_size=99\)"),
+    ("pad-beyond-vocab", dict(pad_token_id=99), r"pad_token_id \(99\) holds 99, but token ids must lie in"),
+    ("negative-forced-eos", dict(forced_eos_token_id=-1), r"forced_eos_token_id \(-1\) holds -1"),
+    ("bad-word-beyond-vocab", dict(bad_words_ids=[[5], [7, 120]]), r"bad_words_ids \(\[\[5\], \[7, 120\]\]\) holds 120"),
+    ("float-eos", dict(eos_token_id=2.0), r"eos_token_id \(2.0\) must hold int token ids, got 2.0"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("head", ["seq2seq", "causal"])
+@pytest.mark.parametrize("case", GENERATE_CASES, ids=[case[0] for case in GENERATE_CASES])
+def test_bad_generate_arguments_fail_clearly(head, case):
+    """Found by the generate fuzzing: transformers uses these settings unchecked, and ended in an IndexError (token
+    ids outside the vocabulary, an empty prompt), a ZeroDivisionError or a negative tensor size (num_beams), or
+    sequences holding an id the model does not have (pad_token_id)."""
+    _, kwargs, message = case
+    torch.manual_seed(0)
+    if head == "seq2seq":
+        config = tiny_config(is_encoder_decoder=True, decoder_start_token_id=1, eos_token_id=2)
+        model = seqbert.SeqBertForConditionalGeneration(config).eval()
+    else:
+        model = seqbert.SeqBertForCausalLM(tiny_config(eos_token_id=2)).eval()
+    valid = dict(input_ids=torch.randint(3, 99, (2, 5)), max_new_tokens=3)
+    error = TypeError if "float" in case[0] else ValueError
+    _expect(error, message, lambda: model.generate(**{**valid, **kwargs}))
+    with torch.no_grad():  # the same call without the defect generates
+        assert model.generate(**valid).shape[0] == 2

@@ -249,6 +249,26 @@ def test_sharded_checkpoint_with_a_missing_shard(request, tmp_path, loader):
         load(tmp_path)
 
 
+@pytest.mark.parametrize("loader", list(LOADERS))
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_weights_with_non_finite_values_are_refused(request, tmp_path, loader, value):
+    """Found by the damaged-folder fuzzing: a bit flipped inside a safetensors file's tensor data (the format has no
+    checksum) can make a weight NaN, and the model loaded silently, giving NaN outputs. The loaders now refuse
+    non-finite weights and name them."""
+    fixture, load = LOADERS[loader]
+    folder = tmp_path / "copy"
+    shutil.copytree(request.getfixturevalue(fixture), folder)
+    tensors = load_file(folder / "model.safetensors")
+    key = next(k for k in sorted(tensors) if k.endswith("intermediate.dense.weight") or k.endswith("up_proj.weight"))
+    tensors[key][3, 5] = value
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(OSError, match=r"the loaded weights hold NaN or infinite values in ") as error:
+        load(folder)
+    message = str(error.value)
+    assert str(folder) in message and "layers.0.mlp.up_proj.weight" in message, message
+    assert "A weights file is damaged" in message and "re-download it" in message
+
+
 def test_corrupt_weight_index(tmp_path, seqbert_folder):
     torch.manual_seed(0)
     seqbert.SeqBertModel(seqbert.SeqBertConfig(**TINY_BERT)).save_pretrained(tmp_path, max_shard_size="20KB")

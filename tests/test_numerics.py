@@ -8,6 +8,8 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
+from transformers.loss.loss_utils import ForQuestionAnsweringLoss
 
 import seqbert
 
@@ -210,3 +212,70 @@ def test_losses_do_not_overflow_on_large_logits(minilm_path, snippets, dtype_nam
         expected = reference(out).item()
         assert out.loss.dtype == torch.float32 and torch.isfinite(out.loss), type(model).__name__
         assert abs(out.loss.item() - expected) <= 1e-3 * max(expected, 1.0), (type(model).__name__, out.loss, expected)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Losses when every label is ignored
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _loss_cases(ids, mask):
+    """(head, model class, config overrides, call kwargs with every label ignored, with some labels, reference loss
+    of the logits for the labelled call) for every head that takes a cross-entropy."""
+    batch, length = ids.shape
+    some = ids.masked_fill(torch.rand(ids.shape, generator=torch.Generator().manual_seed(0)) < 0.5, -100)
+    some[0, 0] = ids[0, 0]  # at least one labelled position
+    ignored = torch.full_like(ids, -100)
+    classes = torch.tensor([1, -100, 0][:batch])
+    ce = F.cross_entropy  # the independent reference: PyTorch's mean over labelled positions
+    return [
+        ("mlm", seqbert.SeqBertForMaskedLM, {}, dict(labels=ignored), dict(labels=some),
+         lambda out: ce(out.logits.flatten(0, 1), some.flatten())),
+        ("token", seqbert.SeqBertForTokenClassification, {"num_labels": 3}, dict(labels=ignored),
+         dict(labels=some.clamp(max=2).masked_fill(some == -100, -100)),
+         lambda out: ce(out.logits.flatten(0, 1), some.clamp(max=2).masked_fill(some == -100, -100).flatten())),
+        ("cls", seqbert.SeqBertForSequenceClassification, {"num_labels": 2},
+         dict(labels=torch.full((batch,), -100)), dict(labels=classes), lambda out: ce(out.logits, classes)),
+        ("choice", seqbert.SeqBertForMultipleChoice, {}, dict(labels=torch.full((batch,), -100)), dict(labels=classes),
+         lambda out: ce(out.logits, classes)),
+        ("qa", seqbert.SeqBertForQuestionAnswering, {},
+         dict(start_positions=torch.full((batch,), length + 3), end_positions=torch.full((batch,), length)),
+         dict(start_positions=torch.tensor([2, length + 5, 1][:batch]), end_positions=torch.tensor([4, 3, 9][:batch])),
+         lambda out: ForQuestionAnsweringLoss(out.start_logits, out.end_logits, torch.tensor([2, length + 5, 1][:batch]),
+                                              torch.tensor([4, 3, 9][:batch]))),
+        ("causal", seqbert.SeqBertForCausalLM, {}, dict(labels=ignored[:, :1], input_ids=ids[:, :1],
+                                                        attention_mask=mask[:, :1]),
+         dict(labels=some), lambda out: ce(out.logits[:, :-1].flatten(0, 1), some[:, 1:].flatten())),
+        ("seq2seq", seqbert.SeqBertForConditionalGeneration, {"is_encoder_decoder": True, "decoder_start_token_id": 101},
+         dict(labels=ignored), dict(labels=some), lambda out: ce(out.logits.flatten(0, 1), some.flatten())),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("head", ["mlm", "token", "cls", "choice", "qa", "causal", "seq2seq"])
+def test_a_batch_whose_labels_are_all_ignored_has_loss_zero_and_zero_gradients(minilm_path, snippets, head):
+    """Found by the fuzzing: QA positions all beyond the sequence gave a NaN loss (so does BERT: a mean over no
+    positions is 0 / 0). Every head now returns 0.0, the sum over no labelled positions, with zero gradients, so such
+    a batch cannot poison training (seqbert's choice: see `loss_divisor`); with labels it still equals the mean."""
+    ids, mask = snippets["input_ids"], snippets["attention_mask"]
+    name, model_class, overrides, all_ignored, labelled, reference = next(
+        case for case in _loss_cases(ids, mask) if case[0] == head
+    )
+    torch.manual_seed(0)
+    model = model_class.from_bert_pretrained(minilm_path, **overrides).eval()
+    inputs = dict(input_ids=ids, attention_mask=mask)
+    if head == "choice":
+        inputs = {k: v[:, None].expand(-1, 2, -1) for k, v in inputs.items()}
+    call = {**inputs, **all_ignored}
+    if head == "choice":
+        call.update({k: v[:, None].expand(-1, 2, -1) for k, v in all_ignored.items() if k != "labels"})
+    out = model(**call)
+    assert out.loss.item() == 0.0
+    out.loss.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.equal(g, torch.zeros_like(g)) for g in grads)
+    # Trainer's num_items_in_batch of 0 (nothing labelled in the accumulated batch) gives 0.0 as well.
+    if head in ("mlm", "token", "causal", "seq2seq"):
+        assert model(**call, num_items_in_batch=torch.tensor(0)).loss.item() == 0.0
+    with torch.no_grad():
+        out = model(**inputs, **labelled)
+        assert torch.equal(out.loss, reference(out).float())

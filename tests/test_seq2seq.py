@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import TINY, VARIANTS, variant_id
-from transformers import AutoModel, AutoModelForSeq2SeqLM
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 from transformers.cache_utils import EncoderDecoderCache
 
 import seqbert
@@ -298,3 +298,28 @@ def test_resize_token_embeddings_refuses_to_drop_special_tokens():
     with pytest.raises(TypeError, match=r"new_num_tokens must be an int or None, got 40.0"):
         model.resize_token_embeddings(40.0)
     assert model.config.vocab_size == TINY["vocab_size"]  # nothing was resized
+
+
+@pytest.mark.parametrize("build", ["auto_from_config", "constructor"])
+def test_a_config_without_is_encoder_decoder_builds_a_working_seq2seq_model(build):
+    """`AutoConfig.for_model("seqbert", ...)` and `SeqBertConfig(...)` keep `is_encoder_decoder=False` (what encoders
+    need). The seq2seq model built from such a config used to fail in generate's first step with its own "needs
+    decoder inputs ... or call generate()" message; now it takes a copy with the flag set, and gives exactly what the
+    same weights give under an explicit seq2seq config. The caller's config object is left as it was."""
+    fields = dict(TINY, pad_token_id=PAD, decoder_start_token_id=START, eos_token_id=EOS)
+    if build == "auto_from_config":
+        config = AutoConfig.for_model("seqbert", **fields)
+        model = AutoModelForSeq2SeqLM.from_config(config)
+    else:
+        config = seqbert.SeqBertConfig(**fields)
+        model = seqbert.SeqBertForConditionalGeneration(config)
+    assert config.is_encoder_decoder is False and model.config.is_encoder_decoder is True
+    reference = seqbert.SeqBertForConditionalGeneration(seq2seq_config(num_decoder_layers=TINY["num_hidden_layers"]))
+    reference.load_state_dict(model.state_dict())
+    model.eval(), reference.eval()
+    ids, mask = source_batch()
+    with torch.no_grad():
+        generated = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, num_beams=2)
+        assert torch.equal(
+            generated, reference.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, num_beams=2)
+        )

@@ -85,8 +85,9 @@ PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_class
 
 
 def _check_labels(fields: dict) -> None:
-    """Check `num_labels` (an int >= 1) and `problem_type` (None or one of `PROBLEM_TYPES`) where `fields` has them."""
-    if fields.get("num_labels") is not None:
+    """Check `num_labels` (an int >= 1; None too is refused, which transformers would fail on with a bare
+    `TypeError` from `range`) and `problem_type` (None or one of `PROBLEM_TYPES`) where `fields` has them."""
+    if "num_labels" in fields:
         _check_int("num_labels", fields["num_labels"], 1)
     problem_type = fields.get("problem_type")
     if problem_type is not None and problem_type not in PROBLEM_TYPES:

@@ -315,6 +315,34 @@ def weights_file_problem(path) -> str | None:
     return safetensors_file_problem(path) if str(path).endswith(".safetensors") else _pickle_file_problem(path)
 
 
+def non_finite_weights_error(model: torch.nn.Module, where: str) -> OSError | None:
+    """
+    An `OSError` naming the parameters of a just-loaded `model` that hold NaN or infinite values, or `None` when all
+    are finite (or on the meta device, not loaded yet). A released or saved checkpoint never holds such values: they
+    mean a damaged weights file (safetensors files carry no checksum, so a bit flipped inside the tensor data shows
+    only when it makes a value NaN or infinite; other flips cannot be detected) or a checkpoint saved after training
+    diverged. Loading it would only give NaN outputs later. One host sync per device.
+
+    Args:
+        model: the loaded model.
+        where: the call, for the message (e.g. `"SeqBertModel.from_pretrained('folder')"`).
+    """
+    by_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
+    for name, tensor in model.named_parameters():
+        if tensor.is_floating_point() and tensor.device.type != "meta":
+            by_device.setdefault(tensor.device, []).append((name, tensor))
+    bad = []
+    for tensors in by_device.values():
+        finite = torch.stack([torch.isfinite(tensor).all() for _, tensor in tensors]).tolist()
+        bad += [name for (name, _), ok in zip(tensors, finite, strict=True) if not ok]
+    if not bad:
+        return None
+    return OSError(
+        f"{where}: the loaded weights hold NaN or infinite values in {_listed(bad)}. A weights file is damaged "
+        f"(a bit flipped inside it: {_REDOWNLOAD}), or the checkpoint was saved after training diverged"
+    )
+
+
 def _json_problem(path) -> str | None:
     try:
         with open(path, encoding="utf-8") as f:

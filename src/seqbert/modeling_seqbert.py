@@ -10,6 +10,7 @@ Shape legend used in comments: B batch, L sequence length, H hidden_size, N head
 V vocab_size, C num_labels.
 """
 
+import copy
 import functools
 import importlib
 import importlib.abc
@@ -23,7 +24,6 @@ from typing import NamedTuple
 
 import torch
 from torch import nn
-from torch.nn import CrossEntropyLoss
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
@@ -61,6 +61,7 @@ from .convert_bert import (
     fused_attention_error,
     load_bert_as_seqbert_state_dict,
     mismatched_sizes_error,
+    non_finite_weights_error,
     quiet_loading_report,
     refuse_pickled_weights,
     report_bert_loading,
@@ -918,6 +919,71 @@ def check_labels(
     return labels.long()
 
 
+# Generation settings that transformers' `generate` uses without checking: counts below their minimum end in a
+# ZeroDivisionError or a tensor of negative size, token ids outside the vocabulary in an IndexError deep inside a
+# logits processor, or (`pad_token_id`) in sequences that hold ids the model does not have.
+GENERATE_MINIMUMS = {"num_beams": 1, "num_return_sequences": 1, "num_beam_groups": 1, "top_k": 0}
+GENERATE_TOKEN_IDS = (
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "decoder_start_token_id",
+    "forced_bos_token_id",
+    "forced_eos_token_id",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+    "bad_words_ids",
+)
+
+
+def check_generate_arguments(config: SeqBertConfig, default: GenerationConfig, args: tuple, kwargs: dict) -> None:
+    """
+    The checks of `generate` (its `args` and `kwargs` as given) that transformers leaves out: the prompt / source
+    `inputs` (`input_ids`) must not be empty, and the generation settings in force (`generation_config`, else the
+    model's `default`, updated by `kwargs`, as `generate` merges them) must have counts of at least
+    `GENERATE_MINIMUMS` and token ids (`GENERATE_TOKEN_IDS`, single ids or nested lists) in `[0, vocab_size)`.
+
+    Raises:
+        ValueError: the inputs have an empty dimension; a count is below its minimum; a token id lies outside the
+            vocabulary (the message names the setting, its value and the allowed range).
+        TypeError: a count or token id is not an int.
+    """
+    inputs = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
+    if isinstance(inputs, torch.Tensor) and 0 in inputs.shape:
+        raise ValueError(
+            f"input_ids has shape {tuple(inputs.shape)}: generate needs at least one sequence of at least one token "
+            "(a causal LM given no input_ids starts from bos_token_id)"
+        )
+    given = args[1] if len(args) > 1 else kwargs.get("generation_config")
+    settings = copy.deepcopy(given if given is not None else default)
+    settings.update(**{name: value for name, value in kwargs.items() if hasattr(settings, name)})
+    for name, minimum in GENERATE_MINIMUMS.items():
+        value = getattr(settings, name, None)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {value!r} of type {type(value).__name__}")
+        if value < minimum:
+            raise ValueError(f"{name} ({value}) must be >= {minimum}")
+    for name in GENERATE_TOKEN_IDS:
+        value = getattr(settings, name, None)
+        pending = [value]
+        while pending:
+            item = pending.pop()
+            if item is None:
+                continue
+            if isinstance(item, (list, tuple)):
+                pending.extend(item)
+            elif isinstance(item, torch.Tensor):
+                pending.extend(item.reshape(-1).tolist())
+            elif isinstance(item, bool) or not isinstance(item, int):
+                raise TypeError(f"{name} ({value!r}) must hold int token ids, got {item!r}")
+            elif not 0 <= item < config.vocab_size:
+                raise ValueError(
+                    f"{name} ({value!r}) holds {item}, but token ids must lie in [0, vocab_size={config.vocab_size})"
+                )
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Pretrained model base
 # ----------------------------------------------------------------------------------------------------------------------
@@ -1030,8 +1096,9 @@ class SeqBertPreTrainedModel(PreTrainedModel):
                 of the checkpoint have another shape than the model's and `ignore_mismatched_sizes` is not `True`.
             OSError: the repository has no safetensors weights (the message says how to opt in to `.bin`);
                 `config.json`, the weight index or a weights file is truncated or corrupt, or a shard named by the
-                index is missing (the message names the file and says to re-download it or save it again); or
-                anything else `PreTrainedModel.from_pretrained` raises.
+                index is missing (the message names the file and says to re-download it or save it again); the
+                loaded weights hold NaN or infinite values (a damaged file, or a run that diverged:
+                `convert_bert.non_finite_weights_error`); or anything else `PreTrainedModel.from_pretrained` raises.
         """
         path = pretrained_model_name_or_path
         ignore_mismatched_sizes = kwargs.pop("ignore_mismatched_sizes", False)
@@ -1068,7 +1135,10 @@ class SeqBertPreTrainedModel(PreTrainedModel):
                 None if path is None else checkpoint_config_dict(path, **kwargs),
                 f"{cls.__name__}.from_pretrained({str(path)!r})",
             )
-        error = fused_attention_error(loading_info["unexpected_keys"], f"{cls.__name__}.from_pretrained({str(path)!r})")
+        where = f"{cls.__name__}.from_pretrained({str(path)!r})"
+        error = fused_attention_error(loading_info["unexpected_keys"], where)
+        if error is None and path is not None:  # (from_bert_pretrained checks its own weights, path None here)
+            error = non_finite_weights_error(model, where)
         if error is not None:
             raise error
         if model.config.tie_word_embeddings:
@@ -1132,7 +1202,7 @@ class SeqBertPreTrainedModel(PreTrainedModel):
                 `EncoderDecoderModel` checkpoint).
             OSError: the name or folder cannot be resolved, or `config.json`, the weight index or a weights file is
                 truncated, corrupt or missing (the message names the file and says to re-download it or save it
-                again).
+                again), or the weights hold NaN or infinite values.
         """
         use_safetensors = kwargs.pop("use_safetensors", None)
         cross_attention_init = kwargs.pop("cross_attention_init", None)
@@ -1170,6 +1240,8 @@ class SeqBertPreTrainedModel(PreTrainedModel):
             **hub_kwargs,
         )
         report_bert_loading(loading_info, where)
+        if (error := non_finite_weights_error(model, where)) is not None:
+            raise error
         if model.can_generate():
             # Keep the generation settings the checkpoint ships (beam size, length limits, ...), if any.
             try:
@@ -1513,6 +1585,34 @@ class SeqBertDecoder(SeqBertPreTrainedModel):
 # ----------------------------------------------------------------------------------------------------------------------
 
 
+def loss_divisor(
+    labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None, ignore_index: int = IGNORE_INDEX
+) -> torch.Tensor | int:
+    """
+    What a head's cross-entropy divides its sum over labelled positions by: Trainer's `num_items_in_batch` when given
+    (the labelled positions of the whole accumulated batch), else the number of `labels` that are not `ignore_index`;
+    never less than 1. Otherwise equal to PyTorch's mean reduction, bit for bit.
+
+    The floor of 1 is seqbert's own choice: a batch in which every label is ignored (all -100, every QA position beyond
+    the sequence, a one-token causal-LM input) gets loss 0.0, the sum over no positions, with zero gradients, where
+    BERT's mean is 0 / 0 = NaN, which would poison a training run over a legitimate batch (say, a masked-LM batch in
+    which no token was masked).
+
+    Args:
+        labels (`torch.Tensor` of any shape): integer targets, `ignore_index` where no loss is taken.
+        num_items_in_batch (`torch.Tensor` or `int`, *optional*): Trainer's count for gradient accumulation.
+        ignore_index (`int`): the label value that takes no loss.
+
+    Returns:
+        A scalar int64 tensor on `labels`' device, or `num_items_in_batch` floored at 1 (an int stays an int).
+    """
+    if num_items_in_batch is None:
+        return (labels != ignore_index).sum().clamp(min=1)
+    if torch.is_tensor(num_items_in_batch):
+        return num_items_in_batch.clamp(min=1)
+    return max(num_items_in_batch, 1)
+
+
 def _classifier_dropout(config: SeqBertConfig) -> nn.Dropout:
     """BERT's rule: `classifier_dropout` if set, else `hidden_dropout_prob`."""
     p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
@@ -1551,7 +1651,7 @@ class SeqBertForMaskedLM(SeqBertPreTrainedModel):
         Inputs as in `SeqBertModel.forward`, plus `labels` (`torch.LongTensor` of shape `(B, L)`, *optional*): target
         ids in `[0, vocab_size)`, -100 where no loss is taken. Returns `MaskedLMOutput` with `logits` (B, L, V) and
         the mean cross-entropy `loss` (a scalar) over labelled positions when `labels` are given (or summed and
-        divided by `num_items_in_batch` when Trainer passes it).
+        divided by `num_items_in_batch` when Trainer passes it; 0.0 when every label is -100, see `loss_divisor`).
         """
         outputs = self.seqbert(
             input_ids,
@@ -1566,8 +1666,11 @@ class SeqBertForMaskedLM(SeqBertPreTrainedModel):
         loss = None
         if labels is not None:
             labels = check_labels("labels", labels, logits.shape, self.config.vocab_size, "vocab_size")
+            divisor = loss_divisor(labels, kwargs.pop("num_items_in_batch", None))
             # The loss function computes in float32, so half-precision logits cannot overflow it.
-            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+            loss = self.loss_function(
+                logits, labels, vocab_size=self.config.vocab_size, num_items_in_batch=divisor, **kwargs
+            )
         return MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -1603,7 +1706,8 @@ class SeqBertForSequenceClassification(SeqBertPreTrainedModel):
         Inputs as in `SeqBertModel.forward`, plus `labels`, *optional*: `(B,)` int64 class ids in `[0, num_labels)`
         (single-label), `(B,)` float targets (regression, `num_labels == 1`) or `(B, C)` float multi-hot targets
         (multi-label). Returns `SequenceClassifierOutput` with `logits` (B, C) and `loss` (float32 scalar:
-        cross-entropy, MSE or BCE-with-logits) when `labels` are given.
+        cross-entropy, MSE or BCE-with-logits; 0.0 when every class id is -100, see `loss_divisor`) when `labels` are
+        given.
 
         Raises:
             TypeError, ValueError: as `SeqBertModel.forward`, and for `labels` that do not fit the problem type: class
@@ -1624,8 +1728,9 @@ class SeqBertForSequenceClassification(SeqBertPreTrainedModel):
         loss = None
         if labels is not None:
             labels = self._checked_labels(labels, logits.shape)
+            divisor = loss_divisor(labels, kwargs.pop("num_items_in_batch", None))  # single-label only
             # In float32: half-precision logits would overflow MSE (or lose precision in the softmax) at large values.
-            loss = self.loss_function(labels, logits.float(), self.config, **kwargs)
+            loss = self.loss_function(labels, logits.float(), self.config, num_items_in_batch=divisor, **kwargs)
         return SequenceClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -1691,7 +1796,7 @@ class SeqBertForTokenClassification(SeqBertPreTrainedModel):
         r"""
         Inputs as in `SeqBertModel.forward`, plus `labels` (`torch.LongTensor` of shape `(B, L)`, *optional*): class
         ids in `[0, num_labels)`, -100 where no loss is taken. Returns `TokenClassifierOutput` with `logits`
-        (B, L, C) and the cross-entropy `loss` when `labels` are given.
+        (B, L, C) and the cross-entropy `loss` when `labels` are given (0.0 when all are -100, see `loss_divisor`).
         """
         outputs = self.seqbert(
             input_ids,
@@ -1706,7 +1811,8 @@ class SeqBertForTokenClassification(SeqBertPreTrainedModel):
         loss = None
         if labels is not None:
             labels = check_labels("labels", labels, logits.shape, self.config.num_labels, "num_labels")
-            loss = self.loss_function(logits, labels, self.config, **kwargs)  # computed in float32
+            divisor = loss_divisor(labels, kwargs.pop("num_items_in_batch", None))
+            loss = self.loss_function(logits, labels, self.config, num_items_in_batch=divisor, **kwargs)  # in float32
         return TokenClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -1746,7 +1852,8 @@ class SeqBertForQuestionAnswering(SeqBertPreTrainedModel):
         Inputs as in `SeqBertModel.forward`, plus `start_positions` / `end_positions` (`torch.LongTensor` of shape
         `(B,)`, *optional*): token indices of the answer span (positions beyond L are ignored, as in BERT). Returns
         `QuestionAnsweringModelOutput` with `start_logits` and `end_logits` (B, L) and the mean of the two
-        cross-entropies (float32) as `loss` when both positions are given.
+        cross-entropies (float32) as `loss` when both positions are given; a side whose positions all lie beyond L
+        contributes 0.0 (BERT: NaN), see `loss_divisor`.
 
         Raises:
             TypeError, ValueError: as `SeqBertModel.forward`; only one of `start_positions` / `end_positions`;
@@ -1774,9 +1881,14 @@ class SeqBertForQuestionAnswering(SeqBertPreTrainedModel):
                 if tuple(positions.shape) not in ((batch_size,), (batch_size, 1)):
                     raise ValueError(f"{name} has shape {tuple(positions.shape)}, but it must be ({batch_size},)")
                 check_ids_in_range(name, positions, None)
-            loss = self.loss_function(
-                start_logits.float(), end_logits.float(), start_positions.long(), end_positions.long(), **kwargs
-            )
+            # BERT's loss: positions beyond the sequence are clamped to L and ignored; the mean of the two sides.
+            ignored = start_logits.shape[1]
+            losses = []
+            for side_logits, positions in ((start_logits, start_positions), (end_logits, end_positions)):
+                positions = positions.reshape(-1).long().clamp(0, ignored)
+                divisor = loss_divisor(positions, ignore_index=ignored)
+                losses.append(fixed_cross_entropy(side_logits.float(), positions, divisor, ignore_index=ignored))
+            loss = (losses[0] + losses[1]) / 2
         return QuestionAnsweringModelOutput(
             loss=loss,
             start_logits=start_logits,
@@ -1813,11 +1925,11 @@ class SeqBertForMultipleChoice(SeqBertPreTrainedModel):
         Inputs of shape `(B, num_choices, L)` (`inputs_embeds`: `(B, num_choices, L, H)`), plus `labels`
         (`torch.LongTensor` of shape `(B,)`, *optional*): index of the right choice. Returns
         `MultipleChoiceModelOutput` with `logits` (B, num_choices) and the cross-entropy `loss` (float32) when `labels`
-        are given.
+        are given (0.0 when all are -100, see `loss_divisor`).
 
         Raises:
-            TypeError, ValueError: as `SeqBertModel.forward` (inputs not 3-D (4-D embeddings), the other inputs not
-                shaped like them), and for `labels` not integer, not `(B,)`, or outside `[0, num_choices)` (-100
+            TypeError, ValueError: as `SeqBertModel.forward` (inputs not 3-D (4-D embeddings), a dimension of 0,
+                the other inputs not shaped like them), and for `labels` not integer, not `(B,)`, or outside `[0, num_choices)` (-100
                 takes no loss).
         """
         if (input_ids is None) == (inputs_embeds is None):
@@ -1830,6 +1942,11 @@ class SeqBertForMultipleChoice(SeqBertPreTrainedModel):
             check_tensor("inputs_embeds", inputs_embeds, "float", (4,), "(batch_size, num_choices, sequence_length, H)")
             name, reference = "inputs_embeds", inputs_embeds
         choices_shape = tuple(reference.shape[:3])  # (B, num_choices, L)
+        if 0 in choices_shape:
+            raise ValueError(
+                f"{name} has shape {tuple(reference.shape)}: need at least one example, one choice and one token "
+                "(batch_size, num_choices, sequence_length >= 1)"
+            )
         for other_name, other in (
             ("attention_mask", attention_mask),
             ("token_type_ids", token_type_ids),
@@ -1857,7 +1974,7 @@ class SeqBertForMultipleChoice(SeqBertPreTrainedModel):
         loss = None
         if labels is not None:
             labels = check_labels("labels", labels, logits.shape, num_choices, "num_choices")
-            loss = CrossEntropyLoss()(logits.float(), labels)
+            loss = fixed_cross_entropy(logits.float(), labels, loss_divisor(labels))
         return MultipleChoiceModelOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -1893,7 +2010,10 @@ class SeqBertForCausalLM(SeqBertPreTrainedModel, GenerationMixin):
 
     def generate(self, *args, **kwargs):
         """`GenerationMixin.generate`, unchanged in arguments and results, with the decode steps' small fp32 matrix
-        products on CPU running on prepacked oneDNN weights (`PackedCpuLinears`; same ids, logits within ~1e-6)."""
+        products on CPU running on prepacked oneDNN weights (`PackedCpuLinears`; same ids, logits within ~1e-6).
+        Raises `ValueError` / `TypeError` for arguments transformers would fail on deep inside (an empty prompt,
+        `num_beams` < 1, token ids outside the vocabulary): see `check_generate_arguments`."""
+        check_generate_arguments(self.config, self.generation_config, args, kwargs)
         with PackedCpuLinears(self):
             return super().generate(*args, **kwargs)
 
@@ -1932,8 +2052,9 @@ class SeqBertForCausalLM(SeqBertPreTrainedModel, GenerationMixin):
 
         Returns:
             `CausalLMOutputWithCrossAttentions`: `logits` (B, L_kept, V), `loss` (float32 scalar mean cross-entropy
-            over predicted positions, or summed / `num_items_in_batch` under Trainer), `past_key_values`, and on
-            request `hidden_states` and `attentions`.
+            over predicted positions, or summed / `num_items_in_batch` under Trainer; 0.0 when no position is
+            labelled, e.g. one-token inputs, see `loss_divisor`), `past_key_values`, and on request `hidden_states`
+            and `attentions`.
 
         Raises:
             TypeError, ValueError: as `SeqBertDecoder.forward`, and for `labels` not integer, not shaped like the
@@ -1960,7 +2081,11 @@ class SeqBertForCausalLM(SeqBertPreTrainedModel, GenerationMixin):
             labels = check_labels(
                 "labels", labels, hidden_states.shape[:2] + (1,), self.config.vocab_size, "vocab_size"
             )
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+            predicted = kwargs.get("shift_labels", labels[:, 1:])  # the labels the loss compares against
+            divisor = loss_divisor(predicted, kwargs.pop("num_items_in_batch", None))
+            loss = self.loss_function(
+                logits=logits, labels=labels, vocab_size=self.config.vocab_size, num_items_in_batch=divisor, **kwargs
+            )
         return CausalLMOutputWithCrossAttentions(
             loss=loss,
             logits=logits,
@@ -2000,6 +2125,12 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
     _bert_conversion_target = "seq2seq"
 
     def __init__(self, config: SeqBertConfig):
+        """Takes any valid `SeqBertConfig`. One built without `is_encoder_decoder=True` (`SeqBertConfig()` or
+        `AutoConfig.for_model("seqbert")` keep its default `False`, which encoders need) is copied with it set: that
+        flag tells `generate` to run the encoder first, and the encoder what to return for cross-attention."""
+        if not config.is_encoder_decoder:
+            config = copy.deepcopy(config)
+            config.is_encoder_decoder = True
         super().__init__(config)
         self.seqbert = SeqBertModel(config, add_pooling_layer=False)
         self.decoder = SeqBertDecoder(config)
@@ -2013,7 +2144,10 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
 
     def generate(self, *args, **kwargs):
         """`GenerationMixin.generate`, unchanged in arguments and results, with the decode steps' small fp32 matrix
-        products on CPU running on prepacked oneDNN weights (`PackedCpuLinears`; same ids, logits within ~1e-6)."""
+        products on CPU running on prepacked oneDNN weights (`PackedCpuLinears`; same ids, logits within ~1e-6).
+        Raises `ValueError` / `TypeError` for arguments transformers would fail on deep inside (an empty prompt,
+        `num_beams` < 1, token ids outside the vocabulary): see `check_generate_arguments`."""
+        check_generate_arguments(self.config, self.generation_config, args, kwargs)
         with PackedCpuLinears(self):
             return super().generate(*args, **kwargs)
 
@@ -2095,7 +2229,8 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
 
         Returns:
             `Seq2SeqLMOutput`: `logits` (B, T, V) float, `loss` (scalar mean cross-entropy over labelled positions, or
-            summed / `num_items_in_batch` when Trainer passes it), `past_key_values`, and on request decoder and
+            summed / `num_items_in_batch` when Trainer passes it; 0.0 when every label is -100, see `loss_divisor`),
+            `past_key_values`, and on request decoder and
             encoder hidden states, self-attentions and cross-attentions.
 
         Raises:
@@ -2153,7 +2288,7 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
             loss = fixed_cross_entropy(
                 logits.view(-1, self.config.vocab_size).float(),
                 labels.reshape(-1).to(logits.device),
-                num_items_in_batch=kwargs.get("num_items_in_batch"),
+                num_items_in_batch=loss_divisor(labels, kwargs.get("num_items_in_batch")),
             )
         return Seq2SeqLMOutput(
             loss=loss,
