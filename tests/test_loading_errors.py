@@ -250,11 +250,12 @@ def test_sharded_checkpoint_with_a_missing_shard(request, tmp_path, loader):
 
 
 @pytest.mark.parametrize("loader", list(LOADERS))
-@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -2.27e36])
 def test_weights_with_non_finite_values_are_refused(request, tmp_path, loader, value):
     """Found by the damaged-folder fuzzing: a bit flipped inside a safetensors file's tensor data (the format has no
-    checksum) can make a weight NaN, and the model loaded silently, giving NaN outputs. The loaders now refuse
-    non-finite weights and name them."""
+    checksum) can make a weight NaN, or finite but so large (-2.27e36, from a flipped exponent bit, in the campaign)
+    that the forward pass overflows; the model loaded silently and gave NaN outputs. The loaders now refuse such
+    weights and name them."""
     fixture, load = LOADERS[loader]
     folder = tmp_path / "copy"
     shutil.copytree(request.getfixturevalue(fixture), folder)
@@ -262,7 +263,9 @@ def test_weights_with_non_finite_values_are_refused(request, tmp_path, loader, v
     key = next(k for k in sorted(tensors) if k.endswith("intermediate.dense.weight") or k.endswith("up_proj.weight"))
     tensors[key][3, 5] = value
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(OSError, match=r"the loaded weights hold NaN or infinite values in ") as error:
+    with pytest.raises(
+        OSError, match=r"the loaded weights hold NaN, infinite or implausibly large \(above 1e\+08\) values in "
+    ) as error:
         load(folder)
     message = str(error.value)
     assert str(folder) in message and "layers.0.mlp.up_proj.weight" in message, message

@@ -315,13 +315,20 @@ def weights_file_problem(path) -> str | None:
     return safetensors_file_problem(path) if str(path).endswith(".safetensors") else _pickle_file_problem(path)
 
 
+# Largest weight magnitude a loaded checkpoint may hold. Trained BERT-family weights stay far below it (the MiniLM
+# checkpoint's largest is 7.9); a bit flipped in the top two exponent bits of a float32 weight multiplies it by 2^64 or
+# more, and such values overflow to inf / NaN in the forward pass. (Our own bound: a plausibility check, no standard.)
+MAX_WEIGHT_MAGNITUDE = 1e8
+
+
 def non_finite_weights_error(model: torch.nn.Module, where: str) -> OSError | None:
     """
-    An `OSError` naming the parameters of a just-loaded `model` that hold NaN or infinite values, or `None` when all
-    are finite (or on the meta device, not loaded yet). A released or saved checkpoint never holds such values: they
-    mean a damaged weights file (safetensors files carry no checksum, so a bit flipped inside the tensor data shows
-    only when it makes a value NaN or infinite; other flips cannot be detected) or a checkpoint saved after training
-    diverged. Loading it would only give NaN outputs later. One host sync per device.
+    An `OSError` naming the parameters of a just-loaded `model` that hold NaN, infinite or implausibly large values
+    (magnitude above `MAX_WEIGHT_MAGNITUDE`), or `None` when all are fine (or on the meta device, not loaded yet).
+    A released or saved checkpoint never holds such values: they mean a damaged weights file (safetensors files carry
+    no checksum, so a bit flipped inside the tensor data shows only through the value it makes; smaller changes cannot
+    be detected) or a checkpoint saved after training diverged. Loading it would only give NaN outputs later. One host
+    sync per device.
 
     Args:
         model: the loaded model.
@@ -333,13 +340,15 @@ def non_finite_weights_error(model: torch.nn.Module, where: str) -> OSError | No
             by_device.setdefault(tensor.device, []).append((name, tensor))
     bad = []
     for tensors in by_device.values():
-        finite = torch.stack([torch.isfinite(tensor).all() for _, tensor in tensors]).tolist()
-        bad += [name for (name, _), ok in zip(tensors, finite, strict=True) if not ok]
+        # abs() <= bound is False for NaN, so one comparison covers NaN, inf and huge values.
+        fine = torch.stack([(tensor.abs() <= MAX_WEIGHT_MAGNITUDE).all() for _, tensor in tensors]).tolist()
+        bad += [name for (name, _), ok in zip(tensors, fine, strict=True) if not ok]
     if not bad:
         return None
     return OSError(
-        f"{where}: the loaded weights hold NaN or infinite values in {_listed(bad)}. A weights file is damaged "
-        f"(a bit flipped inside it: {_REDOWNLOAD}), or the checkpoint was saved after training diverged"
+        f"{where}: the loaded weights hold NaN, infinite or implausibly large (above {MAX_WEIGHT_MAGNITUDE:g}) values in "
+        f"{_listed(bad)}. A weights file is damaged (a bit flipped inside it: {_REDOWNLOAD}), or the checkpoint was "
+        "saved after training diverged"
     )
 
 

@@ -1097,7 +1097,7 @@ class SeqBertPreTrainedModel(PreTrainedModel):
             OSError: the repository has no safetensors weights (the message says how to opt in to `.bin`);
                 `config.json`, the weight index or a weights file is truncated or corrupt, or a shard named by the
                 index is missing (the message names the file and says to re-download it or save it again); the
-                loaded weights hold NaN or infinite values (a damaged file, or a run that diverged:
+                loaded weights hold NaN, infinite or implausibly large values (a damaged file, or a run that diverged:
                 `convert_bert.non_finite_weights_error`); or anything else `PreTrainedModel.from_pretrained` raises.
         """
         path = pretrained_model_name_or_path
@@ -1202,7 +1202,7 @@ class SeqBertPreTrainedModel(PreTrainedModel):
                 `EncoderDecoderModel` checkpoint).
             OSError: the name or folder cannot be resolved, or `config.json`, the weight index or a weights file is
                 truncated, corrupt or missing (the message names the file and says to re-download it or save it
-                again), or the weights hold NaN or infinite values.
+                again), or the weights hold NaN, infinite or implausibly large values.
         """
         use_safetensors = kwargs.pop("use_safetensors", None)
         cross_attention_init = kwargs.pop("cross_attention_init", None)
