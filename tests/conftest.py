@@ -50,6 +50,7 @@ def fuzz_examples(ci: int, campaign: int) -> int:
     """`max_examples` of a fuzz test: `ci` in the suite's deterministic profile, `campaign` in the long campaign."""
     return campaign if HYPOTHESIS_PROFILE == "campaign" else ci
 
+
 # The transformers tester sizes (tests/models/bert/test_modeling_bert.py).
 TINY = dict(
     vocab_size=99,
