@@ -2,12 +2,15 @@
 BertLMHeadModel checkpoint (logits, loss, greedy and beam ids, left and right padding), the Auto class, the
 text-generation pipeline, the key/value cache against full recomputation for every variant, and clear errors."""
 
+import contextlib
+
 import pytest
 import torch
 from conftest import VARIANTS, tiny_config, variant_id
 from transformers import AutoModelForCausalLM, AutoTokenizer, BertConfig, BertLMHeadModel, pipeline
 
 import seqbert
+from seqbert.modeling_seqbert import CACHE_NAME
 
 
 TOLERANCE = 1e-5
@@ -65,20 +68,53 @@ def test_auto_class_from_config_and_the_text_generation_pipeline(converted, bert
     assert got == expected
 
 
+@pytest.mark.parametrize("name", ["past_key_values", "cache"])
 @pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
-def test_cached_decoding_equals_full_recomputation(variant):
+def test_cached_decoding_equals_full_recomputation(variant, name):
+    """Step-by-step decoding with the cache, given under either of its names (`cache` is what transformers >= 5.24's
+    `generate` passes, `past_key_values` what earlier releases pass), equals the full forward."""
     torch.manual_seed(0)
     model = seqbert.SeqBertForCausalLM(tiny_config(**variant)).eval()
     ids = torch.randint(1, 99, (3, 9))
     with torch.no_grad():
         full = model(ids, use_cache=False).logits
         step = model(ids[:, :5], use_cache=True)
-        cache, logits = step.past_key_values, [step.logits]
+        cache, logits = getattr(step, CACHE_NAME), [step.logits]
         for position in range(5, 9):
-            step = model(ids[:, position : position + 1], past_key_values=cache, use_cache=True)
-            cache = step.past_key_values
+            # From transformers 5.24 on, the old name warns as built-in models do.
+            old = name == "past_key_values" and CACHE_NAME == "cache"
+            with pytest.warns(FutureWarning, match="past_key_values") if old else contextlib.nullcontext():
+                step = model(ids[:, position : position + 1], **{name: cache}, use_cache=True)
+            cache = getattr(step, CACHE_NAME)
             logits.append(step.logits)
     assert (torch.cat(logits, dim=1) - full).abs().max().item() <= TOLERANCE
+
+
+def test_cache_under_both_names_is_refused():
+    model = seqbert.SeqBertForCausalLM(tiny_config()).eval()
+    cache = getattr(model(torch.tensor([[5, 6]]), use_cache=True), CACHE_NAME)
+    with pytest.raises(ValueError, match="past_key_values and cache are two names for the same cache"):
+        model(torch.tensor([[7]]), past_key_values=cache, cache=cache)
+
+
+def test_gradient_checkpointing_training_keeps_no_cache():
+    """Training with gradient checkpointing builds no cache even with `use_cache=True` (the backward replay of a layer
+    would write it twice), on every transformers release whatever name its checkpointing wrapper clears; the
+    gradients equal those without checkpointing."""
+    torch.manual_seed(0)
+    model = seqbert.SeqBertForCausalLM(tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    ids = torch.randint(1, 99, (2, 6))
+    model.train()
+    plain = model(ids, labels=ids, use_cache=False)
+    plain.loss.backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    model.activation_checkpointing_enable()
+    outputs = model.seqbert(ids, use_cache=True)
+    assert getattr(outputs, CACHE_NAME) is None
+    model(ids, labels=ids).loss.backward()
+    for name, grad in expected.items():
+        assert torch.equal(dict(model.named_parameters())[name].grad, grad), name
 
 
 def test_causal_lm_is_causal():

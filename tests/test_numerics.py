@@ -245,7 +245,8 @@ def _loss_cases(ids, mask):
                                               torch.tensor([4, 3, 9][:batch]))),
         ("causal", seqbert.SeqBertForCausalLM, {}, dict(labels=ignored[:, :1], input_ids=ids[:, :1],
                                                         attention_mask=mask[:, :1]),
-         dict(labels=some), lambda out: ce(out.logits[:, :-1].flatten(0, 1), some[:, 1:].flatten())),
+         # Next-token labels padded with -100 at the end, as transformers' ForCausalLMLoss lays them out (5.24).
+         dict(labels=some), lambda out: ce(out.logits.flatten(0, 1), F.pad(some[:, 1:], (0, 1), value=-100).flatten())),
         ("seq2seq", seqbert.SeqBertForConditionalGeneration, {"is_encoder_decoder": True, "decoder_start_token_id": 101},
          dict(labels=ignored), dict(labels=some), lambda out: ce(out.logits.flatten(0, 1), some.flatten())),
     ]  # fmt: skip

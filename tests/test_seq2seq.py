@@ -10,6 +10,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 from transformers.cache_utils import EncoderDecoderCache
 
 import seqbert
+from seqbert.modeling_seqbert import CACHE_NAME
 
 
 PAD, START, EOS = 0, 1, 2
@@ -102,10 +103,10 @@ def test_step_by_step_cached_logits_equal_teacher_forcing(model):
                 encoder_outputs=encoder_outputs,
                 attention_mask=mask,
                 decoder_input_ids=decoder_ids[:, t : t + 1],
-                past_key_values=cache,
+                **{CACHE_NAME: cache},
                 use_cache=True,
             )
-            cache = step.past_key_values
+            cache = getattr(step, CACHE_NAME)
             assert isinstance(cache, EncoderDecoderCache) and cache.get_seq_length() == t + 1
             torch.testing.assert_close(step.logits[:, 0], full[:, t], rtol=0, atol=1e-5)
     assert len(cache.self_attention_cache.layers) == model.config.num_decoder_layers

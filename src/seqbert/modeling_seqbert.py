@@ -18,6 +18,7 @@ import importlib.util
 import inspect
 import math
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -72,7 +73,8 @@ logger = logging.get_logger(__name__)
 
 # Saved folders load on every transformers 5.x release (scripts/check_transformers_versions.py checks them).
 # transformers 5.0 and 5.1 kept the output recorder in `utils.generic`, as the decorator `check_model_inputs`; the mask
-# builders took `input_embeds` (later `inputs_embeds`) and, until 5.3, the query positions `cache_position`.
+# builders took `input_embeds` (later `inputs_embeds`), until 5.3 the query positions `cache_position`, and until 5.23
+# the cache as `past_key_values` (later `cache`).
 check_transformers_version()
 try:
     from transformers.utils.output_capturing import OutputRecorder, capture_outputs
@@ -81,10 +83,31 @@ except ImportError:  # transformers < 5.2
     from transformers.utils.generic import check_model_inputs as capture_outputs
 
 
+# The key/value cache: the name transformers gives it in `forward` inputs (what `generate` passes) and output fields.
+CACHE_NAME = "cache" if "cache" in CausalLMOutputWithCrossAttentions.__dataclass_fields__ else "past_key_values"
+
+
+def _either_cache(past_key_values: Cache | None, cache: Cache | None) -> Cache | None:
+    """The cache a decoder `forward` was given, under either name: `past_key_values` (what `generate` passes until
+    transformers 5.23; from 5.24 on, where built-in models take `cache`, it warns as theirs do) or `cache`.
+    Raises `ValueError` when both are given."""
+    if past_key_values is not None and cache is not None:
+        raise ValueError("past_key_values and cache are two names for the same cache: give one of them")
+    if past_key_values is not None and CACHE_NAME == "cache":
+        warnings.warn(
+            "`past_key_values` is deprecated since transformers 5.24: pass the cache as `cache`",
+            FutureWarning,
+            stacklevel=3,  # the caller of the model's forward
+        )
+    return past_key_values if cache is None else cache
+
+
 def _mask_arguments(function: Callable, inputs_embeds: torch.Tensor, past_length: int = 0, **kwargs) -> dict:
     """Keyword arguments for a `masking_utils` mask builder of the installed transformers (see above)."""
     parameters = inspect.signature(function).parameters
     kwargs["inputs_embeds" if "inputs_embeds" in parameters else "input_embeds"] = inputs_embeds
+    if "past_key_values" in kwargs and "cache" in parameters:
+        kwargs["cache"] = kwargs.pop("past_key_values")
     if "cache_position" in parameters:
         kwargs["cache_position"] = torch.arange(
             past_length, past_length + inputs_embeds.shape[1], device=inputs_embeds.device
@@ -1483,6 +1506,7 @@ class SeqBertDecoder(SeqBertPreTrainedModel):
         position_ids: torch.LongTensor | None = None,
         token_type_ids: torch.LongTensor | None = None,
         use_cache: bool | None = None,
+        cache: Cache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         r"""
@@ -1495,22 +1519,28 @@ class SeqBertDecoder(SeqBertPreTrainedModel):
                 4-D, `[:, i]` for layer `i` (`cross_attention_source="same_layer"`).
             encoder_attention_mask (`torch.Tensor` of shape `(B, S)`, *optional*): 1 for real source tokens.
             past_key_values (`Cache`, *optional*): an `EncoderDecoderCache` (cross-attention) or a self-attention
-                cache; a dynamic one is created here when `use_cache` and none is given.
+                cache; a dynamic one is created here when `use_cache` and none is given (not while training with
+                gradient checkpointing, whose replay would write the cache twice).
             inputs_embeds (`torch.Tensor` of shape `(B, L, H)`, *optional*): instead of `input_ids`.
             position_ids (`torch.LongTensor` of shape `(B, L)`, *optional*): defaults to `L_past .. L_past + L - 1`
                 (`generate` passes them for left-padded prompts).
             token_type_ids (`torch.LongTensor` of shape `(B, L)`, *optional*): segment ids; default 0.
             use_cache (`bool`, *optional*): defaults to `config.use_cache`.
+            cache (`Cache`, *optional*): `past_key_values` under the name transformers >= 5.24 passes it by.
 
         Returns:
-            `BaseModelOutputWithPastAndCrossAttentions` with `last_hidden_state` (B, L, H) and `past_key_values`.
+            `BaseModelOutputWithPastAndCrossAttentions` with `last_hidden_state` (B, L, H) and the cache (the field
+            `cache` from transformers 5.24, `past_key_values` before).
 
         Raises:
             TypeError, ValueError: both or neither of `input_ids` / `inputs_embeds`; no `encoder_hidden_states` with
                 cross-attention; masks, positions or encoder states shaped unlike the inputs; ids outside
                 `[0, vocab_size)`; or (learned positions) positions beyond `max_position_embeddings`.
         """
+        past_key_values = _either_cache(past_key_values, cache)
         use_cache = self.config.use_cache if use_cache is None else use_cache
+        if use_cache and self.training and torch.is_grad_enabled() and self.layers[0].gradient_checkpointing:
+            use_cache, past_key_values = False, None
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         _check_decoder_inputs(
             self.config,
@@ -1576,7 +1606,7 @@ class SeqBertDecoder(SeqBertPreTrainedModel):
             )
         return BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=self.final_layer_norm(hidden_states),
-            past_key_values=past_key_values if use_cache else None,
+            **{CACHE_NAME: past_key_values if use_cache else None},
         )
 
 
@@ -2041,6 +2071,7 @@ class SeqBertForCausalLM(SeqBertPreTrainedModel, GenerationMixin):
         past_key_values: Cache | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
+        cache: Cache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> CausalLMOutputWithCrossAttentions:
         r"""
@@ -2065,7 +2096,7 @@ class SeqBertForCausalLM(SeqBertPreTrainedModel, GenerationMixin):
         outputs = self.seqbert(
             input_ids,
             attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=_either_cache(past_key_values, cache),
             inputs_embeds=inputs_embeds,
             position_ids=position_ids,
             token_type_ids=token_type_ids,
@@ -2089,7 +2120,7 @@ class SeqBertForCausalLM(SeqBertPreTrainedModel, GenerationMixin):
         return CausalLMOutputWithCrossAttentions(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **{CACHE_NAME: getattr(outputs, CACHE_NAME)},
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
@@ -2211,6 +2242,7 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
+        cache: EncoderDecoderCache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqLMOutput:
         r"""
@@ -2223,7 +2255,8 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
             decoder_attention_mask (`torch.Tensor` of shape `(B, T)`, *optional*): 1 for real decoder tokens; built
                 from `labels` with the decoder inputs (0 where the input came from an ignored label).
             encoder_outputs (`BaseModelOutput` or tuple, *optional*): a precomputed encoder output (generation).
-            past_key_values (`EncoderDecoderCache`, *optional*): decoder cache from a previous step.
+            past_key_values (`EncoderDecoderCache`, *optional*): decoder cache from a previous step (`cache` under
+                the name transformers >= 5.24 passes it by).
             labels (`torch.LongTensor` of shape `(B, T)`, *optional*): target ids, -100 where no loss is taken.
             use_cache (`bool`, *optional*): return the cache (defaults to `config.use_cache`; off when `labels`).
 
@@ -2276,7 +2309,7 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
             attention_mask=decoder_attention_mask,
             encoder_hidden_states=cross_attention_states(self.config, encoder_outputs),
             encoder_attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=_either_cache(past_key_values, cache),
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             return_dict=True,
@@ -2293,7 +2326,7 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=decoder_outputs.past_key_values,
+            **{CACHE_NAME: getattr(decoder_outputs, CACHE_NAME)},
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
