@@ -6,7 +6,10 @@ transformers writes `checkpoint-N/` in place: weights, then optimizer and schedu
 `--resume_from_checkpoint True` uses) picks as the newest one, and whose optimizer state may be missing, which
 `Trainer` then skips without a word. Here every file of a checkpoint is written into a staging folder first, and only
 a complete checkpoint is renamed to `checkpoint-N` (one `os.replace` of a folder, atomic on POSIX file systems), so
-a crash while saving leaves the previous checkpoints as the newest complete ones.
+a crash while saving leaves the previous checkpoints as the newest complete ones. Checkpoints are deleted the other
+way round (a checkpoint saved again at the same step, those `save_total_limit` rotates out, those
+`remove_checkpoints` removes): renamed into the staging folder first, then deleted there, so a crash while deleting
+never leaves a partial `checkpoint-N/` either.
 
 Masked-LM masks are drawn from the global torch RNG by `DataCollatorForLanguageModeling`, in the data loader, which
 runs ahead of the optimizer (accelerate fetches the next batch early) and, on resume, before the checkpoint's RNG state
@@ -19,6 +22,7 @@ import hashlib
 import os
 import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch.utils.data import SequentialSampler
@@ -29,11 +33,14 @@ from transformers import (
     Trainer,
     TrainerCallback,
 )
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, has_length, rotate_checkpoints
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, has_length, sort_checkpoints
 
 
-# Where checkpoints are assembled before they are renamed into place; `get_last_checkpoint` never picks it.
+# Where checkpoints are assembled before they are renamed into place, and moved to before they are deleted;
+# `get_last_checkpoint` never picks it.
 STAGING_DIR = ".checkpoint-staging"
+# The folder of STAGING_DIR that checkpoints are moved into before they are deleted.
+DISCARDED_DIR = "discarded"
 
 
 @dataclass
@@ -67,6 +74,10 @@ class DataCollatorForResumableMasking(DataCollatorForLanguageModeling):
     stage: str = "train"
     padding_free: bool = False
     _worker_calls: int = field(default=0, init=False, repr=False)  # batches this worker's copy has collated
+
+    def create_rng(self, return_tensors=None) -> None:
+        """transformers' own generator, seeded by `seed` per process (5.24 makes it when the process has none yet):
+        not used, as it would mask a process's first batch unlike every other; `torch_call` sets each batch's."""
 
     def torch_call(self, examples):
         worker = torch.utils.data.get_worker_info()
@@ -164,16 +175,48 @@ class AtomicCheckpointsMixin:
                 self.state.best_model_checkpoint = os.path.join(run_dir, os.path.relpath(best, staging_root))
                 self.state.save_to_json(os.path.join(staged, "trainer_state.json"))
             if os.path.isdir(final):  # saved again at the same step (e.g. after a resume): replace it whole
-                shutil.rmtree(final)
+                self._discard([final], staging_root)
             os.replace(staged, final)
+            self._discard(self._rotated_out(run_dir), staging_root)
             shutil.rmtree(staging_root, ignore_errors=True)
-            rotate_checkpoints(
-                output_dir=run_dir,
-                save_total_limit=self.args.save_total_limit,
-                best_model_checkpoint=self.state.best_model_checkpoint,
-                use_mtime=True,
-            )
         self.accelerator.wait_for_everyone()
+
+    def _rotated_out(self, run_dir: str) -> list[str]:
+        """The checkpoints of `run_dir` that `save_total_limit` drops, chosen as transformers' `rotate_checkpoints`
+        chooses them (the oldest, keeping the newest and the best one); it would delete them in place."""
+        limit = self.args.save_total_limit
+        checkpoints = sort_checkpoints(run_dir, use_mtime=True)
+        if limit is None or limit <= 0 or len(checkpoints) <= limit:
+            return []
+        best = self.state.best_model_checkpoint
+        protected = {checkpoints[-1]} | ({str(Path(best))} if best is not None else set())
+        unprotected = [checkpoint for checkpoint in checkpoints if checkpoint not in protected]
+        return unprotected[: len(checkpoints) - max(limit, len(protected))]
+
+    @staticmethod
+    def _discard(checkpoints: list[str], staging_root: str) -> None:
+        """Move each of `checkpoints` into `staging_root` (one `os.replace` each), where the caller deletes them."""
+        discarded = os.path.join(staging_root, DISCARDED_DIR)
+        os.makedirs(discarded, exist_ok=True)
+        for number, checkpoint in enumerate(checkpoints):
+            os.replace(checkpoint, os.path.join(discarded, f"{number}-{os.path.basename(checkpoint)}"))
+
+    def remove_checkpoints(self) -> list[str]:
+        """
+        Remove every `checkpoint-N` folder of `output_dir` (what `--overwrite_output_dir` asks before training
+        starts over), each renamed into the staging folder before it is deleted, so an interruption leaves each one
+        whole or gone. Returns their names (on the saving process; [] on the others).
+        """
+        run_dir = self.args.output_dir
+        removed = []
+        if self.args.should_save and os.path.isdir(run_dir):
+            checkpoints = sort_checkpoints(run_dir)
+            staging_root = os.path.join(run_dir, STAGING_DIR)
+            self._discard(checkpoints, staging_root)
+            shutil.rmtree(staging_root, ignore_errors=True)
+            removed = [os.path.basename(checkpoint) for checkpoint in checkpoints]
+        self.accelerator.wait_for_everyone()
+        return removed
 
 
 class SeqBertTrainer(AtomicCheckpointsMixin, Trainer):
