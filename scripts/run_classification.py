@@ -46,6 +46,7 @@ from transformers import (
     DataCollatorWithPadding,
     EvalPrediction,
     HfArgumentParser,
+    PretrainedConfig,
     TrainingArguments,
 )
 from transformers.trainer_utils import IntervalStrategy
@@ -56,6 +57,7 @@ from seqbert.hub import command_line, hub_base_model, training_recipe, write_mod
 from seqbert.metrics import ACCURACY_PATH
 from seqbert.plots import save_loss_curve
 from seqbert.script_utils import (
+    ResumePoint,
     ScriptInputError,
     ScriptTrainingDefaults,
     check_columns,
@@ -64,8 +66,10 @@ from seqbert.script_utils import (
     check_fsdp,
     check_max_length,
     check_splits,
+    load_config,
     load_data_files,
     parse_arguments,
+    resume_point,
     run_cli,
     script_parser,
     setup_logging,
@@ -272,27 +276,49 @@ def make_parser() -> HfArgumentParser:
     return script_parser((ModelArguments, DataArguments, ClassificationTrainingArguments), __doc__)
 
 
+def parse_and_check(
+    argv: list[str] | None = None,
+) -> tuple[ModelArguments, DataArguments, ClassificationTrainingArguments, PretrainedConfig, ResumePoint]:
+    """
+    Parse the arguments (from `argv`, else the command line) and check them: all `main` does before it loads data.
+    It reads the model's config and `output_dir`, and writes nothing.
+
+    Returns:
+        The three argument dataclasses (`model_name_or_path` defaulted to the offline MiniLM folder), the model's
+        config and where training starts (`seqbert.script_utils.resume_point`, which also sets
+        `resume_from_checkpoint`).
+
+    Raises:
+        ScriptInputError: an argument is unknown or bad (a missing or empty data file, a model that cannot be
+            loaded, a `max_seq_length` beyond the model's learned positions, a `resume_from_checkpoint` that is not
+            a complete checkpoint, an `output_dir` with an earlier run's model but no checkpoint, ...).
+        SystemExit: argparse rejected a malformed value (status 2, after printing the error).
+    """
+    model_args, data_args, training_args = parse_arguments(make_parser(), argv)
+    check_distributed_launch(training_args)
+    if model_args.model_name_or_path is None:
+        model_args.model_name_or_path = str(minilm_checkpoint_path())
+    config = load_config("model_name_or_path", model_args.model_name_or_path, model_args.cache_dir)
+    check_max_length("max_seq_length", data_args.max_seq_length, config, f"the model {model_args.model_name_or_path!r}")
+    return model_args, data_args, training_args, config, resume_point(training_args)
+
+
 def main(argv: list[str] | None = None) -> dict[str, float]:
     """
     Parse arguments (from `argv`, else the command line), fine-tune, evaluate, save; return the merged metrics.
+    Training resumes from the newest checkpoint of `output_dir` when there is one (`parse_and_check`).
 
     Raises:
         ScriptInputError: bad arguments or data (a missing or empty data file, a column the data lacks, a
             `max_seq_length` beyond the model's learned positions, ...), found before anything is written to
             `output_dir`. On the command line it is reported without a traceback (`seqbert.script_utils.run_cli`).
     """
-    model_args, data_args, training_args = parse_arguments(make_parser(), argv)
+    model_args, data_args, training_args, config, start = parse_and_check(argv)
 
     logger = logging.getLogger(__name__)
     setup_logging(training_args, logger)
     logger.info(f"Training/evaluation parameters {training_args}")
-    check_distributed_launch(training_args)
-
-    if model_args.model_name_or_path is None:
-        model_args.model_name_or_path = str(minilm_checkpoint_path())
     logger.info(f"Model: {model_args.model_name_or_path}")
-    config = AutoConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
-    check_max_length("max_seq_length", data_args.max_seq_length, config, f"the model {model_args.model_name_or_path!r}")
     transformers.set_seed(training_args.seed)
 
     # Data: raw splits, label names, tokenization.
@@ -349,7 +375,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     all_metrics = {}
     if training_args.do_train:
-        all_metrics.update(train_and_save(trainer, train_dataset))
+        all_metrics.update(train_and_save(trainer, train_dataset, start))
     if training_args.do_eval:
         logger.info("*** Evaluate ***")
         metrics = dict(trainer.evaluate(), eval_samples=len(eval_dataset))

@@ -59,9 +59,7 @@ import numpy as np
 import torch
 import transformers
 from transformers import (
-    AutoConfig,
     AutoModelForMaskedLM,
-    AutoTokenizer,
     EvalPrediction,
     HfArgumentParser,
     PretrainedConfig,
@@ -78,6 +76,7 @@ from seqbert.metrics import ACCURACY_PATH
 from seqbert.plots import save_loss_curve
 from seqbert.script_utils import (
     DATA_FILE_EXTENSIONS,
+    ResumePoint,
     ScriptInputError,
     ScriptTrainingDefaults,
     check_columns,
@@ -86,8 +85,11 @@ from seqbert.script_utils import (
     check_fsdp,
     check_max_length,
     check_splits,
+    load_config,
     load_data_files,
+    load_tokenizer,
     parse_arguments,
+    resume_point,
     run_cli,
     script_parser,
     setup_logging,
@@ -414,11 +416,11 @@ def model_config(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase)
     The configuration of the model to pretrain: a new one (`scratch_config`), or the checkpoint's.
 
     Raises:
-        ScriptInputError: `config_overrides` is bad (`scratch_config`).
+        ScriptInputError: `config_overrides` is bad (`scratch_config`), or the checkpoint's config cannot be loaded.
     """
     if model_args.model_name_or_path is None:
         return scratch_config(tokenizer, model_args.norm_placement or "pre", model_args.config_overrides)
-    return AutoConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
+    return load_config("model_name_or_path", model_args.model_name_or_path, model_args.cache_dir)
 
 
 def load_model(
@@ -583,9 +585,47 @@ def make_parser() -> HfArgumentParser:
     return script_parser((ModelArguments, DataArguments, MLMTrainingArguments), __doc__)
 
 
+def parse_and_check(
+    argv: list[str] | None = None,
+) -> tuple[ModelArguments, DataArguments, MLMTrainingArguments, PreTrainedTokenizerBase, PretrainedConfig, ResumePoint]:
+    """
+    Parse the arguments (from `argv`, else the command line) and check them: all `main` does before it loads data.
+    It reads the tokenizer, the model's config and `output_dir`, and writes nothing.
+
+    Returns:
+        The three argument dataclasses, the tokenizer, the configuration of the model to pretrain (`model_config`)
+        and where training starts (`seqbert.script_utils.resume_point`, which also sets `resume_from_checkpoint`).
+
+    Raises:
+        ScriptInputError: an argument is unknown or bad (a missing or empty data file, a tokenizer or model that
+            cannot be loaded, bad `config_overrides`, a `max_seq_length` beyond the model's learned positions, a
+            `resume_from_checkpoint` that is not a complete checkpoint, an `output_dir` with an earlier run's model
+            but no checkpoint, ...).
+        SystemExit: argparse rejected a malformed value (status 2, after printing the error).
+    """
+    model_args, data_args, training_args = parse_arguments(make_parser(), argv)
+    check_distributed_launch(training_args)
+
+    # Tokenizer and model configuration; the model itself is built once the data has passed its checks.
+    if model_args.tokenizer_name is not None:
+        tokenizer = load_tokenizer("tokenizer_name", model_args.tokenizer_name, model_args.cache_dir)
+    elif model_args.model_name_or_path is not None:
+        tokenizer = load_tokenizer("model_name_or_path", model_args.model_name_or_path, model_args.cache_dir)
+    else:
+        tokenizer = load_tokenizer("tokenizer_name", str(minilm_checkpoint_path()), model_args.cache_dir)
+    config = model_config(model_args, tokenizer)
+    if model_args.model_name_or_path is None:
+        which, hint = "the new model", " (config_overrides can set more, or position_embedding_type=sinusoidal)"
+    else:
+        which, hint = f"the model {model_args.model_name_or_path!r}", ""
+    check_max_length("max_seq_length", data_args.max_seq_length, config, which, hint)
+    return model_args, data_args, training_args, tokenizer, config, resume_point(training_args)
+
+
 def main(argv: list[str] | None = None) -> dict[str, float]:
     """
     Parse arguments (from `argv`, else the command line), pretrain, evaluate, save; return the merged metrics.
+    Training resumes from the newest checkpoint of `output_dir` when there is one (`parse_and_check`).
 
     Raises:
         ScriptInputError: bad arguments or data (a missing or empty data file, a `text_column` the data lacks, a
@@ -593,21 +633,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             anything is written to `output_dir`. On the command line it is reported without a traceback
             (`seqbert.script_utils.run_cli`).
     """
-    model_args, data_args, training_args = parse_arguments(make_parser(), argv)
+    model_args, data_args, training_args, tokenizer, config, start = parse_and_check(argv)
 
     setup_logging(training_args, logger)
     logger.info(f"Training/evaluation parameters {training_args}")
-    check_distributed_launch(training_args)
-
-    # Tokenizer and model configuration; the model itself is built once the data has passed its checks.
-    tokenizer_name = model_args.tokenizer_name or model_args.model_name_or_path or str(minilm_checkpoint_path())
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_name, cache_dir=model_args.cache_dir)
-    config = model_config(model_args, tokenizer)
-    if model_args.model_name_or_path is None:
-        which, hint = "the new model", " (config_overrides can set more, or position_embedding_type=sinusoidal)"
-    else:
-        which, hint = f"the model {model_args.model_name_or_path!r}", ""
-    check_max_length("max_seq_length", data_args.max_seq_length, config, which, hint)
     # Blocks are concatenated text, so only the model's positions bound them (checked above), not the tokenizer's
     # model_max_length: a sinusoidal model trains on blocks of exactly max_seq_length, as its card says.
     block_size = data_args.max_seq_length
@@ -679,7 +708,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     all_metrics = {}
     if training_args.do_train:
-        all_metrics.update(train_and_save(trainer, train_dataset))
+        all_metrics.update(train_and_save(trainer, train_dataset, start))
     if training_args.do_eval:
         logger.info("*** Evaluate ***")
         metrics = trainer.evaluate()

@@ -45,11 +45,11 @@ import numpy as np
 import sacrebleu
 import transformers
 from transformers import (
-    AutoConfig,
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
     DataCollatorForSeq2Seq,
     HfArgumentParser,
+    PretrainedConfig,
     Seq2SeqTrainingArguments,
 )
 from transformers.trainer_utils import IntervalStrategy
@@ -59,6 +59,7 @@ from seqbert.data import load_bible_pairs, minilm_checkpoint_path
 from seqbert.hub import command_line, hub_base_model, training_recipe, write_model_card
 from seqbert.plots import save_loss_curve
 from seqbert.script_utils import (
+    ResumePoint,
     ScriptInputError,
     ScriptTrainingDefaults,
     check_columns,
@@ -67,8 +68,10 @@ from seqbert.script_utils import (
     check_fsdp,
     check_max_length,
     check_splits,
+    load_config,
     load_data_files,
     parse_arguments,
+    resume_point,
     run_cli,
     script_parser,
     setup_logging,
@@ -463,24 +466,30 @@ def make_parser() -> HfArgumentParser:
     return script_parser((ModelArguments, DataArguments, TranslationTrainingArguments), __doc__)
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
+def parse_and_check(
+    argv: list[str] | None = None,
+) -> tuple[ModelArguments, DataArguments, TranslationTrainingArguments, PretrainedConfig, ResumePoint]:
     """
-    Parse arguments (from `argv`, else the command line), train, generate, score, save; return the metrics.
+    Parse the arguments (from `argv`, else the command line) and check them: all `main` does before it loads data.
+    It reads the model's config and `output_dir`, and writes nothing.
+
+    Returns:
+        The three argument dataclasses (`model_name_or_path` defaulted to the offline MiniLM folder), the model's
+        config and where training starts (`seqbert.script_utils.resume_point`, which also sets
+        `resume_from_checkpoint`).
 
     Raises:
-        ScriptInputError: bad arguments or data (a missing or empty data file, a column the data lacks, a
-            `max_source_length` / `max_target_length` / `generation_max_length` beyond the model's learned positions,
-            ...), found before anything is written to `output_dir`. On the command line it is reported without a
-            traceback (`seqbert.script_utils.run_cli`).
+        ScriptInputError: an argument is unknown or bad (a missing or empty data file, a model that cannot be
+            loaded, a `max_source_length` / `max_target_length` / `generation_max_length` beyond the model's learned
+            positions, a warm-start option for a checkpoint that has a decoder, a `resume_from_checkpoint` that is
+            not a complete checkpoint, an `output_dir` with an earlier run's model but no checkpoint, ...).
+        SystemExit: argparse rejected a malformed value (status 2, after printing the error).
     """
     model_args, data_args, training_args = parse_arguments(make_parser(), argv)
-
-    setup_logging(training_args, logger)
     check_distributed_launch(training_args)
     if model_args.model_name_or_path is None:
         model_args.model_name_or_path = str(minilm_checkpoint_path())
-    logger.info(f"Model: {model_args.model_name_or_path}")
-    config = AutoConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
+    config = load_config("model_name_or_path", model_args.model_name_or_path, model_args.cache_dir)
     # A transformers EncoderDecoderModel keeps two configs; BERT (warm-starting both) and SeqBERT seq2seq keep one.
     encoder_config, decoder_config = (
         (config.encoder, config.decoder) if config.model_type == "encoder-decoder" else (config, config)
@@ -494,6 +503,24 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         check_max_length(name, value, decoder_config, f"the decoder of {path!r}")
     check_num_decoder_layers(model_args.num_decoder_layers, config.model_type, path)
     check_warm_start_option("cross_attention_source", model_args.cross_attention_source, config.model_type, path)
+    return model_args, data_args, training_args, config, resume_point(training_args)
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    """
+    Parse arguments (from `argv`, else the command line), train, generate, score, save; return the metrics.
+    Training resumes from the newest checkpoint of `output_dir` when there is one (`parse_and_check`).
+
+    Raises:
+        ScriptInputError: bad arguments or data (a missing or empty data file, a column the data lacks, a
+            `max_source_length` / `max_target_length` / `generation_max_length` beyond the model's learned positions,
+            ...), found before anything is written to `output_dir`. On the command line it is reported without a
+            traceback (`seqbert.script_utils.run_cli`).
+    """
+    model_args, data_args, training_args, config, start = parse_and_check(argv)
+
+    setup_logging(training_args, logger)
+    logger.info(f"Model: {model_args.model_name_or_path}")
     transformers.set_seed(training_args.seed)
 
     with training_args.main_process_first(desc="loading the data"):
@@ -550,7 +577,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     metrics: dict[str, float] = {}
     if training_args.do_train:
-        metrics.update(train_and_save(trainer, tokenized["train"]))
+        metrics.update(train_and_save(trainer, tokenized["train"], start))
     if training_args.do_eval:
         eval_metrics = dict(trainer.evaluate(metric_key_prefix="eval"), eval_samples=len(tokenized["validation"]))
         trainer.log_metrics("eval", eval_metrics)

@@ -1,10 +1,12 @@
 """Plumbing the example scripts share: argument parsing and the command-line entry point, logging set-up, a
-multi-process launch check, local data files, and the checks that turn bad input into a clear message before anything
-is written to `--output_dir`."""
+multi-process launch check, where training starts (a new run, or the resume of an interrupted one: `resume_point`),
+local data files, and the checks that turn bad input into a clear message before anything is written to
+`--output_dir`."""
 
 import argparse
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -12,9 +14,15 @@ from dataclasses import dataclass, field
 import datasets
 import torch
 import transformers
-from transformers import HfArgumentParser, PretrainedConfig, TrainingArguments
-from transformers.trainer_utils import SaveStrategy
+from transformers import AutoConfig, AutoTokenizer, HfArgumentParser, PretrainedConfig, TrainingArguments
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_utils import SaveStrategy, get_last_checkpoint
 from transformers.training_args import ParallelMode
+
+from .training import STAGING_DIR
+
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -42,6 +50,15 @@ class ScriptTrainingDefaults:
         default=torch.accelerator.is_available(),
         metadata={"help": "Pin data-loader memory (default: where an accelerator is present)."},
     )
+    # transformers 5 dropped this field of TrainingArguments; its example scripts used it as the scripts here do.
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Train from the start even though output_dir holds checkpoints or an earlier run's model: its "
+            "checkpoints are removed when training starts and its files overwritten. Without it, training resumes "
+            "from the newest checkpoint in output_dir (see --resume_from_checkpoint)."
+        },
+    )
 
 
 # File types that `--train_file` / `--validation_file` / `--test_file` accept.
@@ -56,8 +73,12 @@ class ScriptInputError(ValueError):
     Bad command-line arguments or input data (a missing or empty data file, a column the data lacks, a length the
     model cannot take, ...), found before anything is written to `--output_dir`. The message names the argument, its
     value and what is allowed. Called from Python, a script's `main` raises it (it is a `ValueError`); on the command
-    line `run_cli` prints it as a one-line usage error without a traceback.
+    line `run_cli` prints it as a one-line usage error without a traceback. A message with line breaks (one quoting
+    transformers' or datasets' own, say) is joined into one line.
     """
+
+    def __init__(self, message: str):
+        super().__init__(re.sub(r"\s*\n\s*", " ", str(message).strip()))
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -83,16 +104,23 @@ def parse_arguments(parser: HfArgumentParser, argv: list[str] | None) -> tuple:
 
     Raises:
         ScriptInputError: a dataclass rejected a value (the scripts' `__post_init__` checks, `TrainingArguments`'),
-            or an argument is unknown to `parser`. (argparse itself still exits with status 2 on a malformed value.)
+            or an argument is unknown to `parser` (an option it lacks, or a word left over after an option's value).
+            (argparse itself still exits with status 2 on a malformed value.)
     """
     try:
         if argv is None and len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
             return parser.parse_json_file(json_file=os.path.abspath(sys.argv[1]))
-        return parser.parse_args_into_dataclasses(args=argv)
+        *parsed, remaining = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     except ScriptInputError:
         raise
     except ValueError as error:
         raise ScriptInputError(str(error)) from error
+    if remaining:
+        raise ScriptInputError(
+            f"unrecognized arguments {remaining}: each argument is an option of this script followed by its value "
+            f"(--name value; see --help for the options)"
+        )
+    return tuple(parsed)
 
 
 def run_cli(main: Callable[[], object], parser: argparse.ArgumentParser) -> None:
@@ -161,19 +189,216 @@ def check_fsdp(trainer) -> None:
         )
 
 
-def train_and_save(trainer, train_dataset) -> dict[str, float]:
+# Values of `--resume_from_checkpoint` (any case) that ask for the newest checkpoint in `--output_dir`.
+NEWEST_CHECKPOINT_VALUES = ("true", "latest")
+
+# What `train_and_save` leaves in `--output_dir` besides checkpoints: the model's config, the trainer state and the
+# merged metrics. A new run would overwrite them, so without a checkpoint to resume from it needs
+# `--overwrite_output_dir` (transformers' example scripts refused any non-empty folder; other files are left alone).
+RUN_OUTPUT_FILES = ("config.json", TRAINER_STATE_NAME, "all_results.json")
+
+
+@dataclass(frozen=True)
+class ResumePoint:
     """
-    Train (resuming from `--resume_from_checkpoint` when given), then save the model (and, as `processing_class`, the
-    tokenizer), the train metrics (`train_results.json`, merged into `all_results.json`) and the trainer state, as
-    transformers' example scripts do. Returns the train metrics with `train_samples`.
+    Where training starts (`resume_point`): from `checkpoint`, or from the start when it is None.
+
+    Args:
+        checkpoint (`str` or `None`): the checkpoint folder to resume from.
+        reason (`str`): why, for the log line (`message`).
+        start_over (`bool`): `--overwrite_output_dir`: `train_and_save` removes the checkpoints of `output_dir`
+            before training, so that an interruption of the new run never resumes from an old one.
     """
-    result = trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)
+
+    checkpoint: str | None
+    reason: str
+    start_over: bool = False
+
+    @property
+    def message(self) -> str:
+        """One line: which checkpoint training resumes from and why, or why it starts from the beginning."""
+        if self.checkpoint is None:
+            return f"Training from the start: {self.reason}"
+        return f"Resuming training from checkpoint {self.checkpoint}: {self.reason}"
+
+
+def check_checkpoint(argument: str, path: str) -> None:
+    """
+    Check that `path`, the value of the argument `argument`, is a complete Trainer checkpoint folder: it has
+    `trainer_state.json`, which `Trainer` writes last, and is not inside the staging folder where
+    `seqbert.training`'s trainers assemble a checkpoint before renaming it into place.
+
+    Raises:
+        ScriptInputError: `path` does not exist, is not a folder, is a checkpoint still being assembled, or lacks
+            `trainer_state.json`.
+    """
+    allowed = (
+        "give a checkpoint folder (OUTPUT_DIR/checkpoint-N), True or latest for the newest checkpoint in "
+        "output_dir, or leave the argument out (training resumes from output_dir's newest checkpoint if it has one; "
+        "--overwrite_output_dir starts over)"
+    )
+    if not os.path.isdir(path):
+        problem = "is not a folder" if os.path.exists(path) else "does not exist"
+        raise ScriptInputError(f"{argument} ({path!r}) {problem}: {allowed}")
+    if STAGING_DIR in os.path.normpath(os.path.abspath(path)).split(os.sep):
+        raise ScriptInputError(
+            f"{argument} ({path!r}) is inside {STAGING_DIR}, where a checkpoint is assembled before it is renamed "
+            f"into place, so it may be incomplete: {allowed}"
+        )
+    if not os.path.isfile(os.path.join(path, TRAINER_STATE_NAME)):
+        raise ScriptInputError(
+            f"{argument} ({path!r}) is not a complete Trainer checkpoint: it has no {TRAINER_STATE_NAME}, which "
+            f"Trainer writes last; {allowed}"
+        )
+
+
+def newest_checkpoint(output_dir: str) -> str | None:
+    """
+    The newest checkpoint in `output_dir` (`transformers.trainer_utils.get_last_checkpoint`: the `checkpoint-N`
+    folder of the highest N), or None when there is none or `output_dir` does not exist. `seqbert.training`'s trainers
+    rename a checkpoint into place only once complete (and move one out of the way before deleting it), so a run
+    killed at any moment leaves only complete `checkpoint-N` folders; a partial one left by some other program is
+    refused rather than resumed from.
+
+    Raises:
+        ScriptInputError: the newest checkpoint is incomplete (`check_checkpoint`).
+    """
+    if not os.path.isdir(output_dir):
+        return None
+    checkpoint = get_last_checkpoint(output_dir)
+    if checkpoint is not None:
+        check_checkpoint(f"the newest checkpoint of output_dir ({output_dir!r})", checkpoint)
+    return checkpoint
+
+
+def resume_point(training_args: TrainingArguments) -> ResumePoint:
+    """
+    Where training starts, from `--resume_from_checkpoint`, `--overwrite_output_dir` and what `--output_dir` holds,
+    as users restart a run that was stopped (even with `kill -9`): the same command, with or without
+    `--resume_from_checkpoint`, resumes from the newest complete checkpoint.
+
+    - `--resume_from_checkpoint PATH`: that checkpoint (`check_checkpoint`);
+    - `--resume_from_checkpoint True` (or `latest`, any case): the newest checkpoint in `output_dir`
+      (`newest_checkpoint`);
+    - neither flag: the newest checkpoint in `output_dir` if it has one (what transformers' example scripts do), else
+      the start; refused when `output_dir` holds an earlier run's model or results (`RUN_OUTPUT_FILES`) but no
+      checkpoint;
+    - `--overwrite_output_dir`: the start (`train_and_save` then removes `output_dir`'s checkpoints).
+
+    Sets `training_args.resume_from_checkpoint` to the checkpoint (or None). Reads `output_dir`, writes nothing.
+    Without `do_train` nothing is resumed.
+
+    Raises:
+        ScriptInputError: `output_dir` is a file or an empty string; `--resume_from_checkpoint` is not a complete
+            checkpoint folder, asks for the newest checkpoint of an `output_dir` without one, is combined with
+            `--overwrite_output_dir`, or is given without `do_train`; `output_dir` holds an earlier run's model or
+            results and no checkpoint, and `--overwrite_output_dir` is not given; the newest checkpoint in
+            `output_dir` is incomplete.
+    """
+    flag, output_dir = training_args.resume_from_checkpoint, training_args.output_dir
+    if not output_dir:
+        raise ScriptInputError(f"output_dir ({output_dir!r}) must be the path of a folder (new or existing)")
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise ScriptInputError(f"output_dir ({output_dir!r}) is a file: give the path of a folder (new or existing)")
+    if not training_args.do_train:
+        if flag is not None:
+            raise ScriptInputError(f"resume_from_checkpoint ({flag!r}) resumes training, but do_train is False")
+        training_args.resume_from_checkpoint = None
+        return ResumePoint(None, "no training (do_train False)")
+    if training_args.overwrite_output_dir:
+        if flag is not None:
+            raise ScriptInputError(
+                f"resume_from_checkpoint ({flag!r}) resumes a run, but overwrite_output_dir (True) starts over: give "
+                "one of them"
+            )
+        return ResumePoint(None, "--overwrite_output_dir starts over", start_over=True)
+    if flag is None:
+        checkpoint = newest_checkpoint(output_dir)
+        if checkpoint is not None:
+            reason = (
+                f"the newest checkpoint found in output_dir ({output_dir!r}), as no --resume_from_checkpoint was "
+                "given (--overwrite_output_dir starts over instead)"
+            )
+            training_args.resume_from_checkpoint = checkpoint
+            return ResumePoint(checkpoint, reason)
+        earlier = [name for name in RUN_OUTPUT_FILES if os.path.isfile(os.path.join(output_dir, name))]
+        if earlier:
+            raise ScriptInputError(
+                f"output_dir ({output_dir!r}) holds an earlier run's {', '.join(earlier)} and no checkpoint to resume "
+                "from: pass --overwrite_output_dir to train again and overwrite them, or choose another output_dir"
+            )
+        return ResumePoint(None, f"no checkpoint in output_dir ({output_dir!r})")
+    if flag.lower() in NEWEST_CHECKPOINT_VALUES:
+        checkpoint = newest_checkpoint(output_dir)
+        if checkpoint is None:
+            raise ScriptInputError(
+                f"resume_from_checkpoint ({flag!r}) resumes from the newest checkpoint in output_dir ({output_dir!r}), "
+                "but it has no checkpoint-N folder: give a checkpoint folder, or leave the argument out to start a "
+                "new run"
+            )
+        training_args.resume_from_checkpoint = checkpoint
+        return ResumePoint(checkpoint, f"the newest checkpoint in output_dir, as --resume_from_checkpoint {flag} asks")
+    check_checkpoint("resume_from_checkpoint", flag)
+    return ResumePoint(flag, "given by --resume_from_checkpoint")
+
+
+def train_and_save(trainer, train_dataset, start: ResumePoint) -> dict[str, float]:
+    """
+    Train from `start` (`resume_point`: a checkpoint, logged in one line, or the beginning; with
+    `start.start_over`, `output_dir`'s checkpoints are removed first), then save the model (and, as
+    `processing_class`, the tokenizer), the train metrics (`train_results.json`, merged into `all_results.json`) and
+    the trainer state, as transformers' example scripts do. Returns the train metrics with `train_samples`.
+    """
+    if start.start_over:
+        removed = trainer.remove_checkpoints()
+        if removed and trainer.is_world_process_zero():
+            logger.warning(f"{start.reason}: removed the {len(removed)} checkpoint(s) of output_dir: {removed}")
+    if start.checkpoint is not None and trainer.is_world_process_zero():
+        # A warning, so that it shows at the scripts' default log level: the run continues an earlier one.
+        logger.warning(start.message)
+    result = trainer.train(resume_from_checkpoint=start.checkpoint)
     metrics = dict(result.metrics, train_samples=len(train_dataset))
     trainer.save_model()
     trainer.log_metrics("train", metrics)
     trainer.save_metrics("train", metrics)
     trainer.save_state()
     return metrics
+
+
+def load_config(argument: str, name_or_path: str, cache_dir: str | None = None) -> PretrainedConfig:
+    """
+    `AutoConfig.from_pretrained(name_or_path)`, the model named by the argument `argument` (e.g.
+    `model_name_or_path`).
+
+    Raises:
+        ScriptInputError: transformers cannot load a config from `name_or_path` (no such folder or Hub model, no
+            `config.json`, a model type it does not know, ...); the message names the argument and quotes
+            transformers' reason.
+    """
+    try:
+        return AutoConfig.from_pretrained(name_or_path, cache_dir=cache_dir)
+    except (OSError, ValueError, KeyError) as error:
+        raise ScriptInputError(
+            f"{argument} ({name_or_path!r}) must be a model folder or Hub model id with a config transformers can "
+            f"load: {error}"
+        ) from error
+
+
+def load_tokenizer(argument: str, name_or_path: str, cache_dir: str | None = None):
+    """
+    `AutoTokenizer.from_pretrained(name_or_path)`, the tokenizer named by the argument `argument`.
+
+    Raises:
+        ScriptInputError: transformers cannot load a tokenizer from `name_or_path`; the message names the argument
+            and quotes transformers' reason.
+    """
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path, cache_dir=cache_dir)
+    except (OSError, ValueError, KeyError) as error:
+        raise ScriptInputError(
+            f"{argument} ({name_or_path!r}) must be a model folder or Hub model id with a tokenizer transformers can "
+            f"load: {error}"
+        ) from error
 
 
 def check_data_file(name: str, path: str | None, extensions: tuple[str, ...] = DATA_FILE_EXTENSIONS) -> None:
