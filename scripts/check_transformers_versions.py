@@ -91,10 +91,15 @@ def torch_environment(root: Path, pip_args: str = "") -> Path:
     return folder
 
 
+def is_built(root: Path, version: str) -> bool:
+    """Whether the environment of transformers `version` under `root` is built (`release_environment` reuses it)."""
+    return (root / f"transformers-{version}" / ".complete").exists()
+
+
 def release_environment(root: Path, version: str, pip_args: str = "") -> Path:
     """An environment with transformers `version` and the shared torch, built once."""
     folder = root / f"transformers-{version}"
-    if not (folder / ".complete").exists():
+    if not is_built(root, version):
         shared = torch_environment(root, pip_args)
         venv.create(folder, with_pip=True, clear=True)
         (_site_packages(folder) / "_seqbert_shared_torch.pth").write_text(f"{_site_packages(shared)}\n")

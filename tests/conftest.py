@@ -1,5 +1,6 @@
 """Shared fixtures: tiny configs for every variant, and the real offline weights and text of ../shared/DATA.md."""
 
+import functools
 import itertools
 import json
 import os
@@ -49,6 +50,25 @@ settings.load_profile(HYPOTHESIS_PROFILE)
 def fuzz_examples(ci: int, campaign: int) -> int:
     """`max_examples` of a fuzz test: `ci` in the suite's deterministic profile, `campaign` in the long campaign."""
     return campaign if HYPOTHESIS_PROFILE == "campaign" else ci
+
+
+@functools.cache
+def package_index_reachable() -> bool:
+    """Whether pip reaches its package index (PyPI, or the index pip is configured with): `pip index versions pip`,
+    one try, 10 s timeout. Asked once per run, by the tests that need the index when their cache is empty."""
+    command = [sys.executable, "-m", "pip", "index", "versions", "pip", "--retries", "0", "--timeout", "10"]
+    command += ["--disable-pip-version-check"]
+    return subprocess.run(command, capture_output=True, text=True).returncode == 0
+
+
+def skip_module_without_package_index(what: str, fill: str) -> None:
+    """Skip the calling test module when `what`, which it needs and has no cached copy of, cannot be downloaded: the
+    package index is unreachable. The one-line reason names the command that fills the cache when online."""
+    if not package_index_reachable():
+        pytest.skip(
+            f"{what} is not cached and the package index cannot be reached: run `{fill}` online to fill the cache",
+            allow_module_level=True,
+        )
 
 
 # The transformers tester sizes (tests/models/bert/test_modeling_bert.py).

@@ -10,14 +10,20 @@ import unittest
 
 import pytest
 import torch
-from conftest import ENCODER_HEADS
+import transformers
+import transformers_common_tests
+from conftest import ENCODER_HEADS, skip_module_without_package_index
 from transformers.models.auto import modeling_auto
-from transformers_common_tests import load
 
 import seqbert
 
 
-test_modeling_common, test_configuration_common = load()
+if not transformers_common_tests.is_cached():
+    skip_module_without_package_index(
+        f"transformers' own model tests (the transformers {transformers.__version__} sdist)",
+        "python tests/transformers_common_tests.py",
+    )
+test_modeling_common, test_configuration_common = transformers_common_tests.load()
 ModelTesterMixin = test_modeling_common.ModelTesterMixin
 ConfigTester = test_configuration_common.ConfigTester
 ids_tensor, random_attention_mask = test_modeling_common.ids_tensor, test_modeling_common.random_attention_mask

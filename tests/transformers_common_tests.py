@@ -15,7 +15,9 @@ written here, and each says what it stands for:
   `PreTrainedConfig`'s own fields are set: every such field of the installed transformers, each with a non-default
   value.
 
-The cache folder is `$SEQBERT_TRANSFORMERS_TESTS_CACHE` or `~/.cache/seqbert/transformers-tests`.
+The cache folder is `$SEQBERT_TRANSFORMERS_TESTS_CACHE` or `~/.cache/seqbert/transformers-tests`; without the package
+index, tests/test_transformers_common.py skips unless it is filled. `python tests/transformers_common_tests.py` fills
+it for the installed transformers.
 """
 
 import importlib
@@ -103,10 +105,20 @@ def _fetch(target: Path) -> None:
         staging.rename(target)  # complete or absent: never a half-written cache
 
 
+def is_cached() -> bool:
+    """Whether the cache folder holds the tests of the installed transformers (`load` then needs no download)."""
+    return (cache_folder() / package_name() / "__init__.py").exists()
+
+
 def load():
-    """Import and return transformers' `test_modeling_common` and `test_configuration_common` modules."""
+    """Import and return transformers' `test_modeling_common` and `test_configuration_common` modules, downloading
+    the sdist first unless they are cached (`is_cached`).
+
+    Raises:
+        RuntimeError: the sdist could not be downloaded, or lacks the files.
+    """
     target = cache_folder()
-    if not (target / package_name() / "__init__.py").exists():
+    if not is_cached():
         target.parent.mkdir(parents=True, exist_ok=True)
         _fetch(target)
     if str(target) not in sys.path:
@@ -114,3 +126,8 @@ def load():
     modeling = importlib.import_module(f"{package_name()}.test_modeling_common")
     configuration = importlib.import_module(f"{package_name()}.test_configuration_common")
     return modeling, configuration
+
+
+if __name__ == "__main__":
+    load()
+    print(f"transformers {transformers.__version__}'s model tests are cached in {cache_folder()}")
