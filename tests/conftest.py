@@ -66,7 +66,7 @@ def skip_module_without_package_index(what: str, fill: str) -> None:
     package index is unreachable. The one-line reason names the command that fills the cache when online."""
     if not package_index_reachable():
         pytest.skip(
-            f"{what} is not cached and the package index cannot be reached: run `{fill}` online to fill the cache",
+            f"{what}: not cached, and the package index cannot be reached; run `{fill}` online to fill the cache",
             allow_module_level=True,
         )
 
