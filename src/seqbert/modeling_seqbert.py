@@ -763,6 +763,12 @@ def _check_encoder_inputs(
             check_shape(
                 "attention_mask", attention_mask, (batch_size, 1, seq_len, seq_len), "(4D mask)", broadcast=True
             )
+            if not (attention_mask.dtype == torch.bool or attention_mask.is_floating_point()):
+                raise TypeError(
+                    f"attention_mask is a prepared 4D mask of dtype {attention_mask.dtype}: give it as bool (True: "
+                    "attend) or float (added to the scores: 0 to attend, the dtype's minimum not to), or give the "
+                    "(batch_size, sequence_length) mask of 1s and 0s"
+                )
     if token_type_ids is not None:
         check_tensor("token_type_ids", token_type_ids, "integer", (2,), "(batch_size, sequence_length)")
         check_shape("token_type_ids", token_type_ids, (batch_size, seq_len), f"like {name}", broadcast=True)
