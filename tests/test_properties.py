@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import seqbert
+from seqbert.modeling_seqbert import CACHE_NAME
 
 
 TOLERANCE = 1e-5
@@ -127,9 +128,9 @@ def test_cached_decoding_equals_uncached(config, num_decoder_layers, source_leng
                 attention_mask=source["attention_mask"],
                 encoder_outputs=encoder_outputs,
                 decoder_input_ids=target[:, t : t + 1],
-                past_key_values=past,
+                **{CACHE_NAME: past},
                 use_cache=True,
             )
-            past = out.past_key_values
+            past = getattr(out, CACHE_NAME)
             steps.append(out.logits)
     assert (torch.cat(steps, dim=1) - full).abs().max().item() <= TOLERANCE

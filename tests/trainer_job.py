@@ -182,7 +182,7 @@ def train(run: dict) -> SeqBertTrainer:
     wrapping = {
         "distributed_type": str(trainer.accelerator.distributed_type),
         "wrapped_class": type(trainer.model_wrapped).__name__,
-        "gradient_checkpointing": trainer.model.is_gradient_checkpointing,
+        "gradient_checkpointing": trainer.model.is_activation_checkpointing,
     }
     save_weights(trainer.model, output_dir, trainer.args.process_index, wrapping)
     return trainer
