@@ -38,6 +38,9 @@ def test_auto_config_for_model_and_round_trip(tmp_path):
         (dict(type_vocab_size=-1), ValueError, r"type_vocab_size \(-1\) must be >= 0"),
         (dict(layer_norm_eps=0), ValueError, r"layer_norm_eps \(0\) must be > 0"),
         (dict(initializer_range=-1.0), ValueError, r"initializer_range \(-1.0\) must be > 0"),
+        # Found by the fuzz campaign: an infinite std initialised NaN weights.
+        (dict(initializer_range=float("inf")), ValueError, r"initializer_range \(inf\) must be > 0 and finite"),
+        (dict(layer_norm_eps=float("nan")), ValueError, r"layer_norm_eps \(nan\) must be > 0 and finite"),
         (dict(hidden_act="gleu"), ValueError, r"hidden_act \('gleu'\) must be one of"),
         (dict(scale_embedding="yes"), TypeError, r"scale_embedding must be a bool"),
         (dict(pad_token_id=30522), ValueError, r"pad_token_id \(30522\) must be < vocab_size \(30522\)"),

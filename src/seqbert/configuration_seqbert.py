@@ -6,6 +6,7 @@ This file is copied verbatim into every saved model folder (``save_pretrained``/
 """
 
 import copy
+import math
 
 import transformers
 from transformers import PretrainedConfig
@@ -74,10 +75,11 @@ def _check_probability(name: str, value) -> None:
 
 
 def _check_positive_float(name: str, value) -> None:
+    """Raise unless `value` is a finite real number > 0 (an infinite `initializer_range` makes NaN weights)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a float, got {value!r} of type {type(value).__name__}")
-    if not value > 0:
-        raise ValueError(f"{name} ({value}) must be > 0")
+    if not 0 < value < math.inf:
+        raise ValueError(f"{name} ({value}) must be > 0 and finite")
 
 
 _SPECIAL_TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
