@@ -15,7 +15,7 @@ from pathlib import Path
 import huggingface_hub
 import pytest
 from conftest import ROOT, fuzz_examples
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from transformers import TrainingArguments
 
@@ -167,6 +167,9 @@ def example_folder(tmp_path_factory) -> Path:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(command=command_lines())
+# Found by the campaign: transformers' TrainingArguments turned an infinite step count into an int (OverflowError).
+@example(command=("classification", ["--logging_steps", "inf", "--output_dir", "{dir}/out"]))
+@example(command=("mlm", ["--eval_steps", "-inf", "--eval_strategy", "steps", "--output_dir", "{dir}/out"]))
 def test_fuzz_script_command_lines(command, example_folder, capsys):
     script, template = command
     argv = [word.replace("{dir}", str(example_folder)) for word in template]

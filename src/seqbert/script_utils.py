@@ -5,6 +5,7 @@ local data files, and the checks that turn bad input into a clear message before
 
 import argparse
 import logging
+import math
 import os
 import re
 import sys
@@ -115,12 +116,26 @@ def parse_arguments(parser: HfArgumentParser, argv: list[str] | None) -> tuple:
         raise
     except ValueError as error:
         raise ScriptInputError(str(error)) from error
+    except OverflowError as error:  # TrainingArguments turned an infinite float into an int (`--logging_steps inf`)
+        words = sys.argv[1:] if argv is None else argv
+        infinite = [
+            f"{option} ({value})" for option, value in zip(words, words[1:], strict=False) if _is_infinite(value)
+        ]
+        raise ScriptInputError(f"{', '.join(infinite) or 'an argument'} must be a finite number ({error})") from error
     if remaining:
         raise ScriptInputError(
             f"unrecognized arguments {remaining}: each argument is an option of this script followed by its value "
             f"(--name value; see --help for the options)"
         )
     return tuple(parsed)
+
+
+def _is_infinite(word: str) -> bool:
+    """Whether the command-line word `word` reads as an infinite float ('inf', '-Infinity', '1e999', ...)."""
+    try:
+        return math.isinf(float(word))
+    except ValueError:
+        return False
 
 
 def run_cli(main: Callable[[], object], parser: argparse.ArgumentParser) -> None:
