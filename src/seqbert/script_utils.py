@@ -380,6 +380,18 @@ def train_and_save(trainer, train_dataset, start: ResumePoint) -> dict[str, floa
     return metrics
 
 
+def _load_pretrained(auto_class, what: str, argument: str, name_or_path: str, cache_dir: str | None):
+    """`auto_class.from_pretrained(name_or_path)`, with transformers' failure turned into a `ScriptInputError` that
+    names the argument `argument` and quotes transformers' reason."""
+    try:
+        return auto_class.from_pretrained(name_or_path, cache_dir=cache_dir)
+    except (OSError, ValueError, KeyError) as error:
+        raise ScriptInputError(
+            f"{argument} ({name_or_path!r}) must be a model folder or Hub model id with a {what} transformers can "
+            f"load: {error}"
+        ) from error
+
+
 def load_config(argument: str, name_or_path: str, cache_dir: str | None = None) -> PretrainedConfig:
     """
     `AutoConfig.from_pretrained(name_or_path)`, the model named by the argument `argument` (e.g.
@@ -390,13 +402,7 @@ def load_config(argument: str, name_or_path: str, cache_dir: str | None = None) 
             `config.json`, a model type it does not know, ...); the message names the argument and quotes
             transformers' reason.
     """
-    try:
-        return AutoConfig.from_pretrained(name_or_path, cache_dir=cache_dir)
-    except (OSError, ValueError, KeyError) as error:
-        raise ScriptInputError(
-            f"{argument} ({name_or_path!r}) must be a model folder or Hub model id with a config transformers can "
-            f"load: {error}"
-        ) from error
+    return _load_pretrained(AutoConfig, "config", argument, name_or_path, cache_dir)
 
 
 def load_tokenizer(argument: str, name_or_path: str, cache_dir: str | None = None):
@@ -407,13 +413,7 @@ def load_tokenizer(argument: str, name_or_path: str, cache_dir: str | None = Non
         ScriptInputError: transformers cannot load a tokenizer from `name_or_path`; the message names the argument
             and quotes transformers' reason.
     """
-    try:
-        return AutoTokenizer.from_pretrained(name_or_path, cache_dir=cache_dir)
-    except (OSError, ValueError, KeyError) as error:
-        raise ScriptInputError(
-            f"{argument} ({name_or_path!r}) must be a model folder or Hub model id with a tokenizer transformers can "
-            f"load: {error}"
-        ) from error
+    return _load_pretrained(AutoTokenizer, "tokenizer", argument, name_or_path, cache_dir)
 
 
 def check_data_file(name: str, path: str | None, extensions: tuple[str, ...] = DATA_FILE_EXTENSIONS) -> None:
