@@ -178,3 +178,20 @@ def test_generate_token_ids_given_as_a_float_tensor_are_refused():
     model = seq2seq_model()
     with pytest.raises((TypeError, ValueError), match="suppress_tokens"):
         model.generate(torch.tensor([[5, 6]]), suppress_tokens=torch.tensor([1.5]), max_new_tokens=2)
+
+
+def test_one_row_of_token_types_stands_for_every_row_on_the_unpadded_path():
+    """Found by the fuzz campaign: (1, L) `token_type_ids` with packed `position_ids` (which take the unpadded fast
+    path) failed with an IndexError; they stand for every row, as on the padded path (eager attention)."""
+    torch.manual_seed(0)
+    fast = seqbert.SeqBertModel(tiny_config(attn_implementation="sdpa")).eval()
+    eager = seqbert.SeqBertModel(tiny_config(attn_implementation="eager")).eval()
+    eager.load_state_dict(fast.state_dict())
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+    token_types, positions = torch.tensor([[0, 0, 1, 1]]), torch.tensor([[0, 1, 0, 1]])  # two packed pairs per row
+    got = fast(ids, token_type_ids=token_types, position_ids=positions).last_hidden_state
+    assert torch.equal(
+        got, fast(ids, token_type_ids=token_types.expand(2, 4), position_ids=positions).last_hidden_state
+    )
+    reference = eager(ids, token_type_ids=token_types, position_ids=positions).last_hidden_state
+    torch.testing.assert_close(got, reference, rtol=0, atol=1e-5)

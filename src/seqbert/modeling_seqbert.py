@@ -1411,7 +1411,10 @@ class SeqBertModel(SeqBertPreTrainedModel):
                 position_ids = torch.arange(seq_len, device=unpadded.indices.device)
             embedding_output = self.embeddings(
                 input_ids=None if input_ids is None else unpadded.unpad(input_ids),
-                token_type_ids=None if token_type_ids is None else unpadded.unpad(token_type_ids),
+                # (1, L) token types and positions stand for every row, as on the padded path.
+                token_type_ids=None
+                if token_type_ids is None
+                else unpadded.unpad(token_type_ids.expand(batch_size, seq_len)),
                 position_ids=unpadded.unpad(position_ids.expand(batch_size, seq_len)),
                 inputs_embeds=None if inputs_embeds is None else unpadded.unpad(inputs_embeds),
             )  # (1, T, H)
