@@ -17,6 +17,7 @@ from transformers import (
 )
 
 from .configuration_seqbert import SEQBERT_VERSION, SeqBertConfig
+from .cpu_inference import optimize_for_cpu_inference
 from .modeling_seqbert import (
     SeqBertForCausalLM,
     SeqBertForConditionalGeneration,
@@ -58,4 +59,5 @@ __all__ = [
     "SeqBertForMultipleChoice",
     "SeqBertForCausalLM",
     "SeqBertForConditionalGeneration",
+    "optimize_for_cpu_inference",
 ]

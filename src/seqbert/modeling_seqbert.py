@@ -361,6 +361,19 @@ class SeqBertAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B, N, L, D) queries and (B, N, S, D) keys/values -> `(output (B, L, H), weights (B, N, L, S) or None)`;
         with `unpadded`, the output is (1, T, H) over the real tokens (the projection skips padding)."""
+        attn_output, attn_weights = self.merged_heads(query, key, value, attention_mask, unpadded, **kwargs)
+        return self.out_proj(attn_output), attn_weights
+
+    def merged_heads(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        unpadded: UnpaddedBatch | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`_attend` before the output projection: the heads' outputs side by side, (B, L, H) or (1, T, H)."""
         attention_interface: Callable = eager_attention_forward  # also for a bare config (implementation None)
         if self.config._attn_implementation != "eager":
             attention_interface = ALL_ATTENTION_FUNCTIONS.get(self.config._attn_implementation, eager_attention_forward)
@@ -377,7 +390,7 @@ class SeqBertAttention(nn.Module):
         attn_output = attn_output.reshape(*attn_output.shape[:2], -1)  # (B, L, H)
         if unpadded is not None:
             attn_output = unpadded.from_attention_layout(attn_output)  # (1, T, H)
-        return self.out_proj(attn_output), attn_weights
+        return attn_output, attn_weights
 
 
 class SeqBertSelfAttention(SeqBertAttention):
