@@ -15,6 +15,11 @@ positions are whatever the engine leaves there, so compare on real tokens only.
   exporter's graph gets only the GELU and LayerNorm fusions (onnxruntime 1.32), so it would be a weaker contender.
 - `onnxruntime_int8`: that fused graph after onnxruntime's dynamic quantization
   (`onnxruntime.quantization.quantize_dynamic`, int8 weights), the recipe of onnxruntime's BERT quantization guide.
+- `ctranslate2` / `ctranslate2_int8`: CTranslate2's `Encoder` on the checkpoint converted by its own
+  `TransformersConverter` (float32, or `quantization="int8"` with `compute_type="int8"`), fed ragged batches (each
+  sequence's real ids and segment ids only), as its API takes them.
+- `openvino`: `openvino.convert_model` of `BertModel` with dynamic batch and length, compiled for the CPU with the f32
+  inference precision hint.
 - `seqbert_int8`: `torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)` of a seqbert model
   (README, "int8 inference"; `quantize_int8`, from `scripts/evaluate_int8.py`).
 """
@@ -23,9 +28,11 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+import ctranslate2
 import numpy as np
 import onnx
 import onnxruntime
+import openvino
 import torch
 from evaluate_int8 import quantize_int8  # noqa: F401  (next to this script; the int8 engine README documents)
 from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -147,5 +154,58 @@ def torch_engine(model: nn.Module) -> Engine:
     def run(batch: dict) -> torch.Tensor:
         output = model(**{name: batch[name] for name in ONNX_INPUTS})
         return output if isinstance(output, torch.Tensor) else output[0]
+
+    return run
+
+
+class _Bert5Converter(ctranslate2.converters.TransformersConverter):
+    """CTranslate2's converter for a BERT checkpoint under transformers 5, whose `BertConfig` no longer has the
+    `position_embedding_type` that CTranslate2 4.8.5's BERT loader asserts is "absolute" (BERT's only kind)."""
+
+    def load_model(self, model_class, model_name_or_path, **kwargs):
+        model = super().load_model(model_class, model_name_or_path, **kwargs)
+        if not hasattr(model.config, "position_embedding_type"):
+            model.config.position_embedding_type = "absolute"
+        return model
+
+
+def convert_ctranslate2(bert_folder: str, folder: Path, quantization: str) -> Path:
+    """The BERT checkpoint at `bert_folder` (with its tokenizer) converted to CTranslate2 ("float32" or "int8")."""
+    output = folder / f"ctranslate2_{quantization}"
+    _Bert5Converter(bert_folder).convert(str(output), quantization=quantization, force=True)
+    return output
+
+
+def ctranslate2_engine(path: Path, compute_type: str, threads: int) -> Engine:
+    """CTranslate2's `Encoder` on `path` with `threads` intra-op threads; output padded back to (B, L, H)."""
+    encoder = ctranslate2.Encoder(str(path), device="cpu", compute_type=compute_type, intra_threads=threads)
+
+    def run(batch: dict) -> torch.Tensor:
+        real = batch["attention_mask"].bool()
+        ids = [row[keep].tolist() for row, keep in zip(batch["input_ids"], real, strict=True)]
+        types = [row[keep].tolist() for row, keep in zip(batch["token_type_ids"], real, strict=True)]
+        states = torch.from_numpy(np.array(encoder.forward_batch(ids, token_type_ids=types).last_hidden_state))
+        padded = states.new_zeros(*real.shape, states.shape[-1])
+        padded[:, : states.shape[1]] = states
+        return padded
+
+    return run
+
+
+def openvino_engine(bert: BertModel, sample: dict, threads: int) -> Engine:
+    """`BertModel` converted by OpenVINO (dynamic batch and length) and compiled for the CPU in f32."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer warnings
+        model = openvino.convert_model(bert, example_input={name: sample[name] for name in ONNX_INPUTS})
+    for model_input in model.inputs:
+        model_input.get_node().set_partial_shape(openvino.PartialShape([-1, -1]))
+    model.validate_nodes_and_infer_types()
+    config = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads}
+    compiled = openvino.Core().compile_model(model, "CPU", config)
+    request = compiled.create_infer_request()
+
+    def run(batch: dict) -> torch.Tensor:
+        result = request.infer({name: batch[name].numpy() for name in ONNX_INPUTS})
+        return torch.from_numpy(result[compiled.output(0)].copy())
 
     return run

@@ -40,3 +40,25 @@ def test_every_engine_computes_bert_on_real_text(minilm_path, tokenizer, rt_text
     ):
         delta = (engine(batch) - expected)[real].abs()
         assert 0 < delta.mean() < 0.2
+
+
+@torch.inference_mode()
+def test_ctranslate2_and_openvino_compute_bert_on_real_text(minilm_path, tokenizer, rt_texts, tmp_path):
+    bert = BertModel.from_pretrained(minilm_path).eval()
+    batch = dict(tokenizer(rt_texts[:32], padding=True, return_tensors="pt"))
+    other = dict(tokenizer(rt_texts[32:40], padding=True, return_tensors="pt"))  # another batch and length
+    fp32 = benchmark_engines.convert_ctranslate2(str(minilm_path), tmp_path, "float32")
+    int8 = benchmark_engines.convert_ctranslate2(str(minilm_path), tmp_path, "int8")
+    engines = {
+        "ctranslate2": benchmark_engines.ctranslate2_engine(fp32, "float32", threads=1),
+        "openvino": benchmark_engines.openvino_engine(bert, batch, threads=1),
+    }
+    for inputs in (batch, other):
+        real = inputs["attention_mask"].bool()
+        expected = bert(**inputs).last_hidden_state
+        for name, engine in engines.items():
+            got = engine(inputs)
+            assert got.shape == expected.shape, name
+            assert (got - expected)[real].abs().max() < 1e-4, name
+        delta = (benchmark_engines.ctranslate2_engine(int8, "int8", threads=1)(inputs) - expected)[real].abs()
+        assert 0 < delta.mean() < 0.2
