@@ -12,7 +12,8 @@ Inference (fp32 unless named int8, `torch.inference_mode`), at each of `--thread
 - engines (`scripts/benchmark_engines.py`): transformers' `BertModel` (sdpa; the reference of every delta), torch's
   `nn.TransformerEncoder` fast path over nested tensors, onnxruntime (the exported `BertModel` fused by onnxruntime's
   BERT optimizer), seqbert's `SeqBertModel`, and the int8 versions: onnxruntime's dynamic quantization of the fused
-  graph and torch's dynamic quantization of seqbert's linear layers;
+  graph and torch's dynamic quantization of seqbert's linear layers; OpenVINO (f32) and CTranslate2 (float32 and
+  int8); and `seqbert.optimize_for_cpu_inference` of the seqbert model, fp32 and int8;
 - models: MiniLM-L6 (real weights) and a seeded bert-base-width model with 4 layers;
 - `real_length`: Rotten Tomatoes snippets in batches of 32 with dynamic padding (`DataCollatorWithPadding`), as a
   classifier sees them; `dense` (bert-base width only): a batch of 8 x 128 real tokens (snippets cut into blocks).
@@ -89,7 +90,19 @@ class BenchmarkArguments:
             raise ScriptInputError(f"--threads must be positive thread counts, got {self.threads}")
 
 
-INFERENCE_ENGINES = ("transformers", "nested_tensor", "onnxruntime", "seqbert", "onnxruntime_int8", "seqbert_int8")
+INFERENCE_ENGINES = (
+    "transformers",
+    "nested_tensor",
+    "onnxruntime",
+    "openvino",
+    "ctranslate2",
+    "seqbert",
+    "seqbert_optimized",
+    "onnxruntime_int8",
+    "ctranslate2_int8",
+    "seqbert_int8",
+    "seqbert_optimized_int8",
+)
 
 
 class MatmulPeak:
@@ -180,11 +193,14 @@ def inference_rows(
     folder.mkdir()
     sample = next(iter(workloads.values()))[0]
     onnx_fp32, onnx_int8, fused_ops = benchmark_engines.export_fused_onnx(bert_folder, sample, folder)
+    ctranslate2_models = {q: benchmark_engines.convert_ctranslate2(bert_folder, folder, q) for q in ("float32", "int8")}
     modules = {
         "transformers": bert,
         "nested_tensor": benchmark_engines.NestedTensorBert(bert),
         "seqbert": model,
+        "seqbert_optimized": seqbert.optimize_for_cpu_inference(model),
         "seqbert_int8": benchmark_engines.quantize_int8(model),
+        "seqbert_optimized_int8": seqbert.optimize_for_cpu_inference(model, int8=True),
     }
     available = torch.get_num_threads()
     rows = []
@@ -193,6 +209,10 @@ def inference_rows(
         engines = {name: benchmark_engines.torch_engine(module) for name, module in modules.items()}
         engines["onnxruntime"] = benchmark_engines.onnxruntime_engine(onnx_fp32, count)
         engines["onnxruntime_int8"] = benchmark_engines.onnxruntime_engine(onnx_int8, count)
+        engines["openvino"] = benchmark_engines.openvino_engine(bert, sample, count)
+        for quantization, suffix in (("float32", ""), ("int8", "_int8")):
+            path = ctranslate2_models[quantization]
+            engines["ctranslate2" + suffix] = benchmark_engines.ctranslate2_engine(path, quantization, count)
         engines = {name: engines[name] for name in INFERENCE_ENGINES}
         for workload, batches in workloads.items():
             masks = [batch["attention_mask"].bool() for batch in batches]
@@ -227,6 +247,13 @@ def inference_rows(
                     "engines": results,
                     "seqbert_speedup": {name: row["seconds"] / seqbert_seconds for name, row in results.items()},
                     "int8_speedup": results["seqbert"]["seconds"] / results["seqbert_int8"]["seconds"],
+                    "optimized_speedup": {
+                        name: row["seconds"] / results["seqbert_optimized"]["seconds"] for name, row in results.items()
+                    },
+                    "optimized_int8_speedup": {
+                        name: row["seconds"] / results["seqbert_optimized_int8"]["seconds"]
+                        for name, row in results.items()
+                    },
                     "onnxruntime_fused_operators": fused_ops,
                 }
             )
@@ -389,6 +416,7 @@ def main(argv: list[str] | None = None) -> dict:
     results = {"machine": {"threads": all_cores, "inference_threads": args.threads}, "inference": []}
     with tempfile.TemporaryDirectory() as tmp:
         base_folder, base_4_layers, cls_folder = bert_base_folders(tmp)
+        tokenizer.save_pretrained(base_4_layers)  # CTranslate2's converter reads the vocabulary from the folder
         for model_name, folder, workloads in (
             ("MiniLM-L6", str(minilm_checkpoint_path()), {"real_length": batches}),
             ("bert-base width, 4 layers", base_4_layers, {"real_length": batches, "dense": dense}),
@@ -446,10 +474,14 @@ def print_tables(results: dict, repeats: int) -> None:
         )
         for name, engine in row["engines"].items():
             print(
-                f"  {name:<18} {engine['tokens_per_s']:>8.0f} tok/s  [{row['seqbert_speedup'][name]:5.2f}x]  "
+                f"  {name:<22} {engine['tokens_per_s']:>8.0f} tok/s  [{row['seqbert_speedup'][name]:5.2f}x]  "
                 f"delta {engine['max_abs_delta']:.1e}  {100 * engine['fraction_of_matmul_peak']:5.1f}% of peak"
             )
         print(f"  seqbert int8 / seqbert fp32: {row['int8_speedup']:.2f}x")
+        print(
+            f"  optimize_for_cpu_inference vs CTranslate2: fp32 {row['optimized_speedup']['ctranslate2']:.2f}x, "
+            f"int8 {row['optimized_int8_speedup']['ctranslate2_int8']:.2f}x"
+        )
     print(f"\n{'workload':<26} {'reference tok/s':>16} {'seqbert tok/s':>14} {'ratio':>6} {'max|delta|':>11}")
     for name, row in results.items():
         if not isinstance(row, dict) or "seqbert_tokens_per_s" not in row:
