@@ -105,7 +105,8 @@ def test_unpadded_batch_lays_each_packed_sequence_out_in_its_own_row():
     layout = UnpaddedBatch.from_mask(None, torch.tensor([[0, 0, 1, 1, 1, 2]]))
     values = torch.arange(6.0).view(1, 6, 1)
     laid_out = layout.to_attention_layout(values)
-    assert laid_out[..., 0].tolist() == [[0.0, 1.0, 0.0], [2.0, 3.0, 4.0], [5.0, 0.0, 0.0]]
+    # After a sequence's end its first token again: masked out as a key, its output never read as a query.
+    assert laid_out[..., 0].tolist() == [[0.0, 1.0, 0.0], [2.0, 3.0, 4.0], [5.0, 5.0, 5.0]]
     assert layout.attention_mask.tolist() == [[True, True, False], [True, True, True], [True, False, False]]
     assert torch.equal(layout.from_attention_layout(laid_out), values)
 
