@@ -12,6 +12,7 @@ the batch size or length changes.
 """
 
 import copy
+import math
 
 import torch
 from torch import nn
@@ -57,9 +58,10 @@ class PackedLinear:
 
     fp32: the weight reordered into oneDNN's blocked layout (`mkldnn._reorder_linear_weight`, as inductor's weight
     prepacking does). int8: the weight quantized symmetrically to int8 with one scale per output feature and
-    prepacked (`onednn.qlinear_prepack`); each call quantizes its input to uint8 with one scale and zero point for the
+    prepacked (`onednn.qlinear_prepack`); each call quantizes its input to 8 bits with one scale and zero point for the
     whole tensor, from the tensor's own range (dynamic quantization, Jacob et al. 2018, "Quantization and Training of
-    Neural Networks for Efficient Integer-Arithmetic-Only Inference", §2.1), and accumulates in int32.
+    Neural Networks for Efficient Integer-Arithmetic-Only Inference", §2.1; `quantize_per_tensor_uint8`), and
+    accumulates in int32.
 
     Several linear layers that read the same input may be packed as one (their weights stacked along the outputs), as
     the query, key and value projections are.
@@ -108,20 +110,36 @@ class PackedLinear:
 
 def quantize_per_tensor_uint8(x: torch.Tensor) -> tuple[torch.Tensor, float, int]:
     """
-    Asymmetric uint8 quantization of a whole fp32 tensor from its own range (the range widened to include 0, so that
-    0 is exact): `q = clamp(round(x / scale + zero_point), 0, 255)`. Scale and zero point are read to the host (a CPU
-    tensor's values, no device sync), so the tensor is scaled and shifted by Python numbers in place: 5 passes over
-    `x` rather than 8.
+    Asymmetric uint8 quantization of a whole fp32 tensor from its own range (dynamic quantization, Jacob et al. 2018,
+    §2.1): `q = round(x / scale) + zero_point`, the range widened to include 0, so that 0 is exact.
+
+    Our own arrangement of the passes over `x`, about 2.7x faster than the plain multiply, add, round, clamp and cast
+    (measured on a (830, 1536) tensor): the range is spread over 253 steps rather than 255 and the zero point rounded
+    up, so every value lands in [0, 254] with half a step to spare on each side and no clamp is needed; and the cast
+    goes through int8 (`q - 128`, then the same bytes read as uint8 with the top bit flipped), because torch's
+    fp32 -> uint8 cast is about 9x slower than its fp32 -> int8 one. Scale and zero point are read to the host (a CPU
+    tensor's values, no device sync).
 
     Returns:
-        `(q, scale, zero_point)`: q uint8 with `x`'s shape, scale a float, zero_point an int in [0, 255].
+        `(q, scale, zero_point)`: q uint8 with `x`'s shape, scale a float > 0, zero_point an int in [0, 253].
     """
     low, high = (value.item() for value in torch.aminmax(x))
     low, high = min(low, 0.0), max(high, 0.0)
-    scale = max((high - low) / 255, torch.finfo(torch.float32).tiny)
-    zero_point = round(-low / scale)
-    quantized = torch.mul(x, 1.0 / scale).add_(zero_point).round_().clamp_(0, 255).to(torch.uint8)
-    return quantized, scale, zero_point
+    scale = max((high - low) / 253, torch.finfo(torch.float32).tiny)
+    zero_point = math.ceil(-low / scale)  # x / scale + zero_point lies in [0, 254)
+    offset = torch.tensor(zero_point - 128.0, dtype=x.dtype)
+    shifted = torch.add(offset, x, alpha=1.0 / scale).round_().to(torch.int8)  # q - 128
+    return shifted.view(torch.uint8).bitwise_xor_(0x80), scale, zero_point  # q
+
+
+class _OneDnnEncoder(SeqBertEncoder):
+    """Mixed into an encoder's class by `optimize_for_cpu_inference`: on the unpadded path it sorts the batch's
+    sequences into `LengthGroups` once per forward, for all its layers."""
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, *args, **kwargs):
+        if kwargs.get("unpadded") is not None:
+            kwargs["length_groups"] = LengthGroups(kwargs["unpadded"])
+        return super().forward(hidden_states, attention_mask, *args, **kwargs)
 
 
 class _OneDnnLayer(SeqBertLayer):
@@ -130,25 +148,23 @@ class _OneDnnLayer(SeqBertLayer):
     residual added; the feed-forward's first linear with its activation; its second with the residual added)."""
 
     _packed: dict[str, PackedLinear]
-    _length_groups: "_LengthGroupsCache"
     _activation: tuple[str, str] | None
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
+        length_groups = kwargs.pop("length_groups", None)
         if not _takes_packed_path(self, hidden_states):
             return super().forward(hidden_states, attention_mask, **kwargs)
         pre_norm = isinstance(self, SeqBertPreNormLayer)
         packed = self._packed
         attention = self.attention
-        unpadded = kwargs.pop("unpadded", None)
+        kwargs.pop("unpadded", None)
         normed = self.attention_norm(hidden_states) if pre_norm else hidden_states
-        qkv = packed["qkv"](normed)  # (B, L, 3H) or (1, T, 3H)
-        if unpadded is not None and attention.config._attn_implementation == "sdpa":
-            heads = self._length_groups.get(unpadded).attend(qkv, attention)  # (1, T, H)
+        qkv = packed["qkv"](normed)  # (B, L, 3H) or, unpadded, (1, T, 3H)
+        if length_groups is not None:
+            heads = length_groups.attend(qkv, attention)  # (1, T, H)
         else:
-            if unpadded is not None:
-                qkv = unpadded.to_attention_layout(qkv)  # (S, L_max, 3H)
             query, key, value = _split_qkv(qkv, attention)
-            heads, _ = attention.merged_heads(query, key, value, attention_mask, unpadded, **kwargs)
+            heads, _ = attention.merged_heads(query, key, value, attention_mask, **kwargs)
         hidden_states = packed["out_proj"](heads, residual=hidden_states)
         if not pre_norm:
             hidden_states = self.attention_norm(hidden_states)
@@ -174,9 +190,14 @@ class LengthGroups:
     length, applied inside one batch); results per sequence are those of `torch.nn.functional.
     scaled_dot_product_attention` on a shorter padding, equal up to the order of its sums.
 
+    The grouped layout is gathered from the real tokens, a padding row repeating its sequence's first token, as in
+    `UnpaddedBatch.to_attention_layout`.
+
     Attributes:
         rows (`torch.LongTensor` of shape `(T,)`): each real token's row in the grouped layout (all groups' grids
             flattened one after the other).
+        sources (`torch.LongTensor` of shape `(total_rows,)`): the real token each row of the grouped layout holds
+            (after a sequence's end, that sequence's first token).
         groups (`list[tuple[int, int, int, torch.Tensor]]`): per group its first row, S_g, L_g and its key mask
             (S_g, 1, 1, L_g), True at real tokens.
     """
@@ -192,21 +213,24 @@ class LengthGroups:
         bounds = [round(i * num_sequences / count) for i in range(count + 1)]
         place = torch.empty(num_sequences, dtype=torch.long)  # each sequence's first row in the grouped layout
         sorted_lengths = lengths[order].tolist()
-        self.groups, first_row = [], 0
+        attention_sources = unpadded.attention_sources.view(num_sequences, max_length)
+        self.groups, sources, first_row = [], [], 0
         for start, end in zip(bounds[:-1], bounds[1:], strict=True):
             size, width = end - start, sorted_lengths[start]
             place[order[start:end]] = first_row + torch.arange(size) * width
             key_mask = (torch.arange(width) < lengths[order[start:end], None])[:, None, None, :]
             self.groups.append((first_row, size, width, key_mask))
+            sources.append(attention_sources[order[start:end], :width].reshape(-1))
             first_row += size * width
         self.total_rows = first_row
+        self.sources = torch.cat(sources)
         sequence, offset = unpadded.attention_indices // max_length, unpadded.attention_indices % max_length
         self.rows = place[sequence] + offset
 
     def attend(self, qkv: torch.Tensor, attention) -> torch.Tensor:
         """(1, T, 3H) fused query/key/value projections of the real tokens -> (1, T, H) heads side by side."""
         hidden = qkv.shape[-1] // 3
-        laid_out = qkv.new_zeros(self.total_rows, 3 * hidden).index_copy_(0, self.rows, qkv[0])
+        laid_out = torch.index_select(qkv[0], 0, self.sources)  # (total_rows, 3H)
         output = qkv.new_empty(self.total_rows, hidden)
         for first_row, size, width, key_mask in self.groups:
             block = laid_out[first_row : first_row + size * width].view(size, width, 3 * hidden)
@@ -217,19 +241,7 @@ class LengthGroups:
             output[first_row : first_row + size * width].view(size, width, hidden).copy_(
                 heads.transpose(1, 2).reshape(size, width, hidden)
             )
-        return output[self.rows].unsqueeze(0)
-
-
-class _LengthGroupsCache:
-    """One `LengthGroups` per forward, shared by an encoder's layers (keyed by the batch's token indices)."""
-
-    def __init__(self):
-        self.indices, self.groups = None, None
-
-    def get(self, unpadded: UnpaddedBatch) -> LengthGroups:
-        if self.indices is not unpadded.indices:
-            self.indices, self.groups = unpadded.indices, LengthGroups(unpadded)
-        return self.groups
+        return torch.index_select(output, 0, self.rows).unsqueeze(0)
 
 
 def _takes_packed_path(layer: SeqBertLayer, hidden_states: torch.Tensor) -> bool:
@@ -246,10 +258,11 @@ def _takes_packed_path(layer: SeqBertLayer, hidden_states: torch.Tensor) -> bool
 _ONEDNN_CLASSES: dict[type, type] = {}
 
 
-def _onednn_class(layer_class: type) -> type:
-    if layer_class not in _ONEDNN_CLASSES:
-        _ONEDNN_CLASSES[layer_class] = type(f"OneDnn{layer_class.__name__}", (_OneDnnLayer, layer_class), {})
-    return _ONEDNN_CLASSES[layer_class]
+def _onednn_class(mixin: type, module_class: type) -> type:
+    """The class `mixin` + `module_class` (one per pair, so optimized copies share their classes)."""
+    if module_class not in _ONEDNN_CLASSES:
+        _ONEDNN_CLASSES[module_class] = type(f"OneDnn{module_class.__name__}", (mixin, module_class), {})
+    return _ONEDNN_CLASSES[module_class]
 
 
 def optimize_for_cpu_inference(model: SeqBertPreTrainedModel, int8: bool = False) -> SeqBertPreTrainedModel:
@@ -325,7 +338,7 @@ def optimize_for_cpu_inference(model: SeqBertPreTrainedModel, int8: bool = False
                 )
     optimized = copy.deepcopy(model).eval().requires_grad_(False)
     for encoder in (m for m in optimized.modules() if isinstance(m, SeqBertEncoder)):
-        length_groups = _LengthGroupsCache()
+        encoder.__class__ = _onednn_class(_OneDnnEncoder, type(encoder))
         for layer in encoder.layers:
             if not isinstance(layer, SeqBertLayer) or layer.attention.is_causal:
                 continue
@@ -336,7 +349,6 @@ def optimize_for_cpu_inference(model: SeqBertPreTrainedModel, int8: bool = False
                 "up_proj": PackedLinear([mlp.up_proj], int8),
                 "down_proj": PackedLinear([mlp.down_proj], int8),
             }
-            layer._length_groups = length_groups
             layer._activation = ONEDNN_ACTIVATIONS.get(layer.attention.config.hidden_act)
-            layer.__class__ = _onednn_class(type(layer))
+            layer.__class__ = _onednn_class(_OneDnnLayer, type(layer))
     return optimized
