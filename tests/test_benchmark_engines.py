@@ -8,6 +8,8 @@ from pathlib import Path
 import torch
 from transformers import BertModel
 
+import seqbert
+
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import benchmark_engines  # noqa: E402
@@ -34,9 +36,10 @@ def test_every_engine_computes_bert_on_real_text(minilm_path, tokenizer, rt_text
         assert (got - reference)[inputs["attention_mask"].bool()].abs().max() < 1e-4
 
     # The int8 engines stay within int8's reach of fp32, each with its own quantization.
+    int8 = seqbert.optimize_for_cpu_inference(seqbert.SeqBertModel.from_bert_pretrained(minilm_path), int8=True)
     for engine in (
         benchmark_engines.onnxruntime_engine(int8_path, threads=1),
-        benchmark_engines.torch_engine(benchmark_engines.quantize_int8(bert)),
+        benchmark_engines.torch_engine(int8),
     ):
         delta = (engine(batch) - expected)[real].abs()
         assert 0 < delta.mean() < 0.2

