@@ -12,7 +12,9 @@ from conftest import tiny_config
 
 import seqbert
 from seqbert import convert_bert
-from seqbert.modeling_seqbert import CACHE_NAME, loss_divisor, register_peft_target_modules
+from seqbert.modeling_seqbert import loss_divisor
+from seqbert.peft_integration import register_peft_target_modules
+from seqbert.transformers_compat import CACHE_NAME
 
 
 def seq2seq_model():

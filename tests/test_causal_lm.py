@@ -10,7 +10,7 @@ from conftest import VARIANTS, tiny_config, variant_id
 from transformers import AutoModelForCausalLM, AutoTokenizer, BertConfig, BertLMHeadModel, pipeline
 
 import seqbert
-from seqbert.modeling_seqbert import CACHE_NAME
+from seqbert.transformers_compat import CACHE_NAME
 
 
 TOLERANCE = 1e-5

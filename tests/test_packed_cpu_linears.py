@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import seqbert
-from seqbert.modeling_seqbert import _ONEDNN_LINEAR, PackedCpuLinears
+from seqbert.packed_cpu_linears import _ONEDNN_LINEAR, PackedCpuLinears
 
 
 pytestmark = pytest.mark.skipif(

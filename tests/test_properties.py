@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import seqbert
-from seqbert.modeling_seqbert import CACHE_NAME
+from seqbert.transformers_compat import CACHE_NAME
 
 
 TOLERANCE = 1e-5

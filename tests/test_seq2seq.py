@@ -10,7 +10,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 from transformers.cache_utils import EncoderDecoderCache
 
 import seqbert
-from seqbert.modeling_seqbert import CACHE_NAME
+from seqbert.transformers_compat import CACHE_NAME
 
 
 PAD, START, EOS = 0, 1, 2

@@ -1,24 +1,21 @@
 """PyTorch SeqBERT: a BERT-style Transformer encoder as a first-class `transformers` model.
 
 Reading order: embeddings -> attention -> feed-forward -> layers (pre-LN and post-LN) -> encoder stack ->
-pooler and LM head -> `SeqBertPreTrainedModel` -> `SeqBertModel` -> task heads.
+pooler and LM head -> `SeqBertPreTrainedModel` -> `SeqBertModel` -> decoder -> task heads -> causal LM -> seq2seq.
 
-This file and `configuration_seqbert.py` are copied into saved model folders for `trust_remote_code=True`
-users, so they import each other (and `convert_bert.py`) relatively and depend only on torch and transformers.
+This file holds the model. What surrounds it lives next to it, one module each: the checks of `forward` and
+`generate` arguments (`input_checks.py`), the bridges to older transformers 5.x releases (`transformers_compat.py`),
+the oneDNN packed linears `generate` runs under on CPU (`packed_cpu_linears.py`), PEFT's default adapter targets
+(`peft_integration.py`) and BERT checkpoint conversion (`convert_bert.py`). This file and `configuration_seqbert.py`
+are copied into saved model folders for `trust_remote_code=True` users together with those modules, so they all
+import each other relatively and depend only on torch and transformers.
 
 Shape legend used in comments: B batch, L sequence length, H hidden_size, N heads, D head size (H / N),
 V vocab_size, C num_labels.
 """
 
 import copy
-import functools
-import importlib
-import importlib.abc
-import importlib.util
-import inspect
 import math
-import sys
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -30,12 +27,7 @@ from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationConfig, GenerationMixin
 from transformers.loss.loss_utils import fixed_cross_entropy
-from transformers.masking_utils import (
-    create_bidirectional_mask,
-    create_causal_mask,
-    find_packed_sequence_indices,
-    packed_sequence_mask_function,
-)
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask, packed_sequence_mask_function
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -54,7 +46,7 @@ from transformers.processing_utils import Unpack
 from transformers.utils import ModelOutput, logging
 from transformers.utils.generic import TransformersKwargs, can_return_tuple
 
-from .configuration_seqbert import SeqBertConfig, check_transformers_version
+from .configuration_seqbert import SeqBertConfig
 from .convert_bert import (
     check_bert_loading_info,
     checkpoint_config_dict,
@@ -67,53 +59,27 @@ from .convert_bert import (
     refuse_pickled_weights,
     report_bert_loading,
 )
+from .input_checks import (
+    IGNORE_INDEX,
+    check_answer_positions,
+    check_decoder_inputs,
+    check_encoder_inputs,
+    check_generate_arguments,
+    check_ids_in_range,
+    check_labels,
+    check_multiple_choice_inputs,
+    check_sequence_classification_labels,
+    check_shape,
+    check_tensor,
+    eager_execution,
+    packed_sequence_ids,
+)
+from .packed_cpu_linears import PackedCpuLinears
+from .peft_integration import register_peft_target_modules_on_import
+from .transformers_compat import CACHE_NAME, OutputRecorder, capture_outputs, either_cache, mask_arguments
 
 
 logger = logging.get_logger(__name__)
-
-# Saved folders load on every transformers 5.x release (scripts/check_transformers_versions.py checks them).
-# transformers 5.0 and 5.1 kept the output recorder in `utils.generic`, as the decorator `check_model_inputs`; the mask
-# builders took `input_embeds` (later `inputs_embeds`), until 5.3 the query positions `cache_position`, and until 5.23
-# the cache as `past_key_values` (later `cache`).
-check_transformers_version()
-try:
-    from transformers.utils.output_capturing import OutputRecorder, capture_outputs
-except ImportError:  # transformers < 5.2
-    from transformers.utils.generic import OutputRecorder
-    from transformers.utils.generic import check_model_inputs as capture_outputs
-
-
-# The key/value cache: the name transformers gives it in `forward` inputs (what `generate` passes) and output fields.
-CACHE_NAME = "cache" if "cache" in CausalLMOutputWithCrossAttentions.__dataclass_fields__ else "past_key_values"
-
-
-def _either_cache(past_key_values: Cache | None, cache: Cache | None) -> Cache | None:
-    """The cache a decoder `forward` was given, under either name: `past_key_values` (what `generate` passes until
-    transformers 5.23; from 5.24 on, where built-in models take `cache`, it warns as theirs do) or `cache`.
-    Raises `ValueError` when both are given."""
-    if past_key_values is not None and cache is not None:
-        raise ValueError("past_key_values and cache are two names for the same cache: give one of them")
-    if past_key_values is not None and CACHE_NAME == "cache":
-        warnings.warn(
-            "`past_key_values` is deprecated since transformers 5.24: pass the cache as `cache`",
-            FutureWarning,
-            stacklevel=3,  # the caller of the model's forward
-        )
-    return past_key_values if cache is None else cache
-
-
-def _mask_arguments(function: Callable, inputs_embeds: torch.Tensor, past_length: int = 0, **kwargs) -> dict:
-    """Keyword arguments for a `masking_utils` mask builder of the installed transformers (see above)."""
-    parameters = inspect.signature(function).parameters
-    kwargs["inputs_embeds" if "inputs_embeds" in parameters else "input_embeds"] = inputs_embeds
-    if "past_key_values" in kwargs and "cache" in parameters:
-        kwargs["cache"] = kwargs.pop("past_key_values")
-    if "cache_position" in parameters:
-        kwargs["cache_position"] = torch.arange(
-            past_length, past_length + inputs_embeds.shape[1], device=inputs_embeds.device
-        )
-    return kwargs
-
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Embeddings
@@ -662,382 +628,6 @@ class SeqBertLMHead(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Input checks: a bad argument raises ValueError / TypeError naming it, never an IndexError or a torch RuntimeError
-# ----------------------------------------------------------------------------------------------------------------------
-
-# Label value that takes no loss (`CrossEntropyLoss`'s `ignore_index`, as in BERT and the transformers collators).
-IGNORE_INDEX = -100
-
-
-def _eager_execution() -> bool:
-    """Whether the forward runs eagerly, so it may read tensor values on the host: not while `torch.compile`,
-    `torch.export` or `torch.jit` trace it, nor while a CUDA graph is captured. Reading values (ids within range,
-    where the real tokens are) costs one host sync each and would break a traced graph, so traced code checks only
-    types and shapes and takes the padded path."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():
-        return False
-    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
-
-
-def check_tensor(name: str, value, kind: str, ndims: tuple[int, ...], meaning: str) -> None:
-    """
-    Raise unless `value` is a tensor of the `kind` ("integer" ids: int64 or int32, which embedding lookups take;
-    "float" values; "any") with one of `ndims` dimensions.
-
-    Raises:
-        TypeError: `value` is not a `torch.Tensor`, or its dtype is not of the `kind`.
-        ValueError: wrong number of dimensions; the message gives the expected layout `meaning`, e.g. "(B, L)".
-    """
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of shape {meaning}, got {type(value).__name__}")
-    if kind == "integer" and value.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"{name} must hold integer ids (torch.long or torch.int32), got dtype {value.dtype}")
-    if kind == "float" and not value.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got dtype {value.dtype}")
-    if value.dim() not in ndims:
-        raise ValueError(f"{name} must have shape {meaning}, got shape {tuple(value.shape)}")
-
-
-def check_shape(name: str, value: torch.Tensor, expected: tuple[int, ...], meaning: str, broadcast: bool = False):
-    """Raise `ValueError` unless `value.shape == expected` (with `broadcast`, a 1 may stand for any size)."""
-    shape = tuple(value.shape)
-    fits = len(shape) == len(expected) and all(
-        got == want or (broadcast and got == 1) for got, want in zip(shape, expected, strict=True)
-    )
-    if not fits:
-        raise ValueError(f"{name} has shape {shape}, but it must be {expected} {meaning}")
-
-
-def check_ids_in_range(
-    name: str, ids: torch.Tensor, high: int | None, high_name: str = "", ignore_index: bool = False
-) -> None:
-    """
-    Raise `ValueError` unless every value of the integer tensor `ids` lies in `[0, high)` (`[0, inf)` when `high` is
-    None), or equals `IGNORE_INDEX` with `ignore_index`. One host sync; skipped while compiling or tracing (see
-    `_eager_execution`).
-    """
-    if not _eager_execution() or ids.numel() == 0:
-        return
-    limit = torch.iinfo(torch.int64).max if high is None else high
-    low_value, high_value = torch.stack(torch.aminmax(ids)).tolist()
-    if low_value >= 0 and high_value < limit:
-        return
-    valid = (ids >= 0) & (ids < limit)
-    if ignore_index:
-        valid |= ids == IGNORE_INDEX
-    if bool(valid.all()):
-        return
-    bad = (~valid).nonzero()[0]
-    allowed = ">= 0" if high is None else f"[0, {high_name}={high})"
-    allowed += f" or {IGNORE_INDEX} (no loss)" if ignore_index else ""
-    raise ValueError(f"{name} holds {ids[tuple(bad)].item()} at index {tuple(bad.tolist())}; allowed: {allowed}")
-
-
-def _check_ids_or_embeds(
-    config: SeqBertConfig,
-    input_ids: torch.Tensor | None,
-    inputs_embeds: torch.Tensor | None,
-    ids_name: str,
-    embeds_name: str,
-    length_name: str,
-) -> tuple[int, int, str]:
-    """Check that exactly one of `input_ids` (B, L) integer and `inputs_embeds` (B, L, H) float is given, with
-    B, L >= 1 (named `ids_name` / `embeds_name` in messages); return B, L and the name of the one given."""
-    if (input_ids is None) == (inputs_embeds is None):
-        given = "both" if input_ids is not None else "neither"
-        raise ValueError(f"Specify exactly one of {ids_name} or {embeds_name}; got {given}")
-    if input_ids is not None:
-        check_tensor(ids_name, input_ids, "integer", (2,), f"(batch_size, {length_name})")
-        (batch_size, seq_len), name = input_ids.shape, ids_name
-    else:
-        width = config.hidden_size
-        check_tensor(embeds_name, inputs_embeds, "float", (3,), f"(batch_size, {length_name}, {width})")
-        if inputs_embeds.shape[-1] != width:
-            raise ValueError(f"{embeds_name} has width {inputs_embeds.shape[-1]}, but hidden_size is {width}")
-        (batch_size, seq_len), name = inputs_embeds.shape[:2], embeds_name
-    if batch_size == 0 or seq_len == 0:
-        raise ValueError(f"{name} has shape {tuple((batch_size, seq_len))}: need at least one sequence of one token")
-    return batch_size, seq_len, name
-
-
-def _check_encoder_inputs(
-    config: SeqBertConfig,
-    input_ids: torch.Tensor | None,
-    attention_mask: torch.Tensor | None,
-    token_type_ids: torch.Tensor | None,
-    position_ids: torch.Tensor | None,
-    inputs_embeds: torch.Tensor | None,
-) -> None:
-    """The checks of `SeqBertModel.forward` (see its Raises section)."""
-    batch_size, seq_len, name = _check_ids_or_embeds(
-        config, input_ids, inputs_embeds, "input_ids", "inputs_embeds", "sequence_length"
-    )
-    learned = config.position_embedding_type == "learned"
-    if learned and position_ids is None and seq_len > config.max_position_embeddings:
-        raise ValueError(
-            f"{name} has sequence length {seq_len}, but the learned position embeddings cover "
-            f"max_position_embeddings={config.max_position_embeddings} positions: truncate the input (tokenizer "
-            f"truncation=True, max_length={config.max_position_embeddings}); sinusoidal positions have no limit"
-        )
-    if attention_mask is not None:
-        check_tensor("attention_mask", attention_mask, "any", (2, 4), "(batch_size, sequence_length)")
-        if attention_mask.dim() == 2:
-            check_shape("attention_mask", attention_mask, (batch_size, seq_len), f"like {name}")
-        else:
-            check_shape(
-                "attention_mask", attention_mask, (batch_size, 1, seq_len, seq_len), "(4D mask)", broadcast=True
-            )
-            if not (attention_mask.dtype == torch.bool or attention_mask.is_floating_point()):
-                raise TypeError(
-                    f"attention_mask is a prepared 4D mask of dtype {attention_mask.dtype}: give it as bool (True: "
-                    "attend) or float (added to the scores: 0 to attend, the dtype's minimum not to), or give the "
-                    "(batch_size, sequence_length) mask of 1s and 0s"
-                )
-    if token_type_ids is not None:
-        check_tensor("token_type_ids", token_type_ids, "integer", (2,), "(batch_size, sequence_length)")
-        check_shape("token_type_ids", token_type_ids, (batch_size, seq_len), f"like {name}", broadcast=True)
-        if config.type_vocab_size > 0:
-            check_ids_in_range("token_type_ids", token_type_ids, config.type_vocab_size, "type_vocab_size")
-        elif _eager_execution() and bool(token_type_ids.any()):
-            raise ValueError(
-                "token_type_ids holds non-zero segment ids, but the model has no segment embeddings "
-                "(type_vocab_size=0): drop token_type_ids"
-            )
-    if position_ids is not None:
-        check_tensor("position_ids", position_ids, "integer", (2,), "(batch_size, sequence_length)")
-        check_shape("position_ids", position_ids, (batch_size, seq_len), f"like {name}", broadcast=True)
-        if learned:
-            check_ids_in_range("position_ids", position_ids, config.max_position_embeddings, "max_position_embeddings")
-        else:
-            check_ids_in_range("position_ids", position_ids, None)
-    if input_ids is not None:
-        check_ids_in_range("input_ids", input_ids, config.vocab_size, "vocab_size")
-
-
-def packed_sequence_ids(
-    config: SeqBertConfig,
-    input_ids: torch.Tensor | None,
-    inputs_embeds: torch.Tensor | None,
-    position_ids: torch.Tensor | None,
-    kwargs: dict,
-) -> torch.Tensor | None:
-    """
-    Which sequence each token belongs to when rows are packed (several sequences in one row, as
-    `DataCollatorWithFlattening` builds them): a `(B, L)` integer tensor whose value changes along a row where a new
-    sequence starts; None for ordinary rows.
-
-    The boundaries come from `cu_seq_lens_q` in `kwargs` when given (cumulative lengths over the flattened batch),
-    else from `position_ids`: a step other than +1 along a row starts a new sequence (transformers'
-    `find_packed_sequence_indices`, which returns None when no row restarts, and always returns the ids when traced).
-
-    Raises:
-        TypeError: `cu_seq_lens_q` is not an integer tensor.
-        ValueError: `cu_seq_lens_q` is not 1-D, or does not run from 0 to the number of tokens B * L; packed rows
-            under flash-attention without `cu_seq_lens_q` (transformers' flash path reads the boundaries only there).
-    """
-    batch_size, seq_len = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
-    cu_seq_lens = kwargs.get("cu_seq_lens_q")
-    if cu_seq_lens is not None:
-        check_tensor("cu_seq_lens_q", cu_seq_lens, "integer", (1,), "(num_sequences + 1,)")
-        if _eager_execution():
-            first, last = cu_seq_lens[[0, -1]].tolist()
-            if first != 0 or last != batch_size * seq_len:
-                raise ValueError(
-                    f"cu_seq_lens_q runs from {first} to {last}, but it must run from 0 to the number of tokens "
-                    f"{batch_size * seq_len} (batch_size {batch_size} x sequence_length {seq_len})"
-                )
-        tokens = torch.arange(batch_size * seq_len, device=cu_seq_lens.device)
-        return torch.searchsorted(cu_seq_lens[1:].long(), tokens, right=True).view(batch_size, seq_len)
-    if position_ids is None:
-        return None
-    sequence_ids = find_packed_sequence_indices(position_ids)
-    if config._attn_implementation.startswith("flash"):
-        if sequence_ids is not None and _eager_execution():
-            raise ValueError(
-                "position_ids restart inside a row (packed sequences), but flash-attention reads sequence "
-                "boundaries only from cu_seq_lens_q/cu_seq_lens_k: pass them (DataCollatorWithFlattening("
-                "return_flash_attn_kwargs=True)), or use attn_implementation='sdpa' or 'eager'"
-            )
-        return None
-    return None if sequence_ids is None else sequence_ids.expand(batch_size, seq_len)
-
-
-# How SeqBertDecoder's arguments are named in messages: as SeqBertForConditionalGeneration.forward calls them (with
-# cross-attention), or as SeqBertForCausalLM.forward does (without).
-DECODER_ARGUMENT_NAMES = {
-    True: dict(
-        ids="decoder_input_ids", embeds="decoder_inputs_embeds", mask="decoder_attention_mask", length="target_length"
-    ),
-    False: dict(ids="input_ids", embeds="inputs_embeds", mask="attention_mask", length="sequence_length"),
-}
-
-
-def _check_decoder_inputs(
-    config: SeqBertConfig,
-    input_ids: torch.Tensor | None,
-    attention_mask: torch.Tensor | None,
-    encoder_hidden_states: torch.Tensor | None,
-    encoder_attention_mask: torch.Tensor | None,
-    inputs_embeds: torch.Tensor | None,
-    position_ids: torch.Tensor | None,
-    token_type_ids: torch.Tensor | None,
-    past_length: int,
-    cross_attention: bool,
-) -> None:
-    """The checks of `SeqBertDecoder.forward`, naming the arguments as the model that calls it does
-    (`DECODER_ARGUMENT_NAMES`); `encoder_hidden_states` are required with `cross_attention`."""
-    names = DECODER_ARGUMENT_NAMES[cross_attention]
-    batch_size, seq_len, name = _check_ids_or_embeds(
-        config, input_ids, inputs_embeds, names["ids"], names["embeds"], names["length"]
-    )
-    total = past_length + seq_len
-    learned = config.position_embedding_type == "learned"
-    if position_ids is not None:
-        check_tensor("position_ids", position_ids, "integer", (2,), f"(batch_size, {names['length']})")
-        check_shape("position_ids", position_ids, (batch_size, seq_len), f"like {name}", broadcast=True)
-        limit = config.max_position_embeddings if learned else None
-        check_ids_in_range("position_ids", position_ids, limit, "max_position_embeddings")
-    elif learned and total > config.max_position_embeddings:
-        raise ValueError(
-            f"the decoder reached position {total - 1} ({past_length} cached + {seq_len} new tokens), but the learned "
-            f"position embeddings cover max_position_embeddings={config.max_position_embeddings} positions: shorten "
-            f"the {names['length'].replace('_', ' ')} (or max_length / max_new_tokens of generate)"
-        )
-    if token_type_ids is not None:
-        check_tensor("token_type_ids", token_type_ids, "integer", (2,), f"(batch_size, {names['length']})")
-        check_shape("token_type_ids", token_type_ids, (batch_size, seq_len), f"like {name}", broadcast=True)
-        check_ids_in_range("token_type_ids", token_type_ids, max(config.type_vocab_size, 1), "type_vocab_size")
-    if attention_mask is not None:
-        meaning = f"(batch_size, past + {names['length']})"
-        check_tensor(names["mask"], attention_mask, "any", (2, 4), meaning)
-        if attention_mask.dim() == 2:
-            check_shape(names["mask"], attention_mask, (batch_size, total), meaning)
-        elif attention_mask.shape[-1] < total:
-            raise ValueError(
-                f"{names['mask']} is a prepared 4D mask over {attention_mask.shape[-1]} key positions, but the decoder "
-                f"attends to {total} ({past_length} cached + {seq_len} new)"
-            )
-        else:
-            expected = (batch_size, 1, seq_len, attention_mask.shape[-1])
-            check_shape(names["mask"], attention_mask, expected, "(4D mask)", broadcast=True)
-    if cross_attention:
-        if encoder_hidden_states is None:
-            raise ValueError("the decoder needs encoder_hidden_states (encoder_outputs): it attends to the source")
-        meaning = "(batch_size, source_length, H), or (batch_size, num_decoder_layers, source_length, H)"
-        check_tensor("encoder_hidden_states", encoder_hidden_states, "float", (3, 4), meaning)
-        source_length = encoder_hidden_states.shape[-2]
-        layers = (config.num_decoder_layers,) if encoder_hidden_states.dim() == 4 else ()
-        check_shape(
-            "encoder_hidden_states",
-            encoder_hidden_states,
-            (batch_size, *layers, source_length, config.hidden_size),
-            f"(the {name} batch size, {'num_decoder_layers, ' if layers else ''}source_length, hidden_size)",
-        )
-        if encoder_attention_mask is not None:
-            check_tensor("attention_mask", encoder_attention_mask, "any", (2,), "(batch_size, source_length)")
-            check_shape("attention_mask", encoder_attention_mask, (batch_size, source_length), "like the source")
-    if input_ids is not None:
-        check_ids_in_range(names["ids"], input_ids, config.vocab_size, "vocab_size")
-
-
-def cross_attention_states(config: SeqBertConfig, encoder_outputs) -> torch.Tensor:
-    """What `SeqBertForConditionalGeneration` hands its decoder's cross-attention: the encoder's `last_hidden_state`
-    (B, S, H), or with `cross_attention_source="same_layer"` its `layer_inputs` (B, num_decoder_layers, S, H).
-    Raises `ValueError` when `encoder_outputs` lack `layer_inputs` that the config needs."""
-    if config.cross_attention_source == "last_layer":
-        return encoder_outputs.last_hidden_state
-    layer_inputs = getattr(encoder_outputs, "layer_inputs", None)
-    if layer_inputs is None:
-        raise ValueError(
-            "encoder_outputs has no layer_inputs, but this model's cross_attention_source is 'same_layer': decoder "
-            "layer i reads the input of encoder layer i. Pass the whole output of model.get_encoder()(...) "
-            "(a SeqBertModelOutput), not only its last_hidden_state"
-        )
-    return layer_inputs
-
-
-def check_labels(
-    name: str, labels, logits_shape: tuple[int, ...], num_classes: int, classes_name: str, ignore_index: bool = True
-) -> torch.Tensor:
-    """
-    Raise unless `labels` are integer class ids shaped like `logits_shape` without its class dimension, each in
-    `[0, num_classes)` or `IGNORE_INDEX`. Raises `TypeError` (not a tensor, not integer) or `ValueError`. Returns
-    them as int64, which the cross-entropy takes.
-    """
-    expected = tuple(logits_shape[:-1])
-    meaning = f"(the logits' shape {tuple(logits_shape)} without the class dimension)"
-    check_tensor(name, labels, "integer", (len(expected),), str(expected))
-    check_shape(name, labels, expected, meaning)
-    check_ids_in_range(name, labels, num_classes, classes_name, ignore_index=ignore_index)
-    return labels.long()
-
-
-# Generation settings that transformers' `generate` uses without checking: counts below their minimum end in a
-# ZeroDivisionError or a tensor of negative size, token ids outside the vocabulary in an IndexError deep inside a
-# logits processor, or (`pad_token_id`) in sequences that hold ids the model does not have.
-GENERATE_MINIMUMS = {"num_beams": 1, "num_return_sequences": 1, "num_beam_groups": 1, "top_k": 0}
-GENERATE_TOKEN_IDS = (
-    "pad_token_id",
-    "bos_token_id",
-    "eos_token_id",
-    "decoder_start_token_id",
-    "forced_bos_token_id",
-    "forced_eos_token_id",
-    "suppress_tokens",
-    "begin_suppress_tokens",
-    "bad_words_ids",
-)
-
-
-def check_generate_arguments(config: SeqBertConfig, default: GenerationConfig, args: tuple, kwargs: dict) -> None:
-    """
-    The checks of `generate` (its `args` and `kwargs` as given) that transformers leaves out: the prompt / source
-    `inputs` (`input_ids`) must not be empty, and the generation settings in force (`generation_config`, else the
-    model's `default`, updated by `kwargs`, as `generate` merges them) must have counts of at least
-    `GENERATE_MINIMUMS` and token ids (`GENERATE_TOKEN_IDS`, single ids or nested lists) in `[0, vocab_size)`.
-
-    Raises:
-        ValueError: the inputs have an empty dimension; a count is below its minimum; a token id lies outside the
-            vocabulary (the message names the setting, its value and the allowed range).
-        TypeError: a count or token id is not an int.
-    """
-    inputs = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
-    if isinstance(inputs, torch.Tensor) and 0 in inputs.shape:
-        raise ValueError(
-            f"input_ids has shape {tuple(inputs.shape)}: generate needs at least one sequence of at least one token "
-            "(a causal LM given no input_ids starts from bos_token_id)"
-        )
-    given = args[1] if len(args) > 1 else kwargs.get("generation_config")
-    settings = copy.deepcopy(given if given is not None else default)
-    settings.update(**{name: value for name, value in kwargs.items() if hasattr(settings, name)})
-    for name, minimum in GENERATE_MINIMUMS.items():
-        value = getattr(settings, name, None)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {value!r} of type {type(value).__name__}")
-        if value < minimum:
-            raise ValueError(f"{name} ({value}) must be >= {minimum}")
-    for name in GENERATE_TOKEN_IDS:
-        value = getattr(settings, name, None)
-        pending = [value]
-        while pending:
-            item = pending.pop()
-            if item is None:
-                continue
-            if isinstance(item, (list, tuple)):
-                pending.extend(item)
-            elif isinstance(item, torch.Tensor):
-                pending.extend(item.reshape(-1).tolist())
-            elif isinstance(item, bool) or not isinstance(item, int):
-                raise TypeError(f"{name} ({value!r}) must hold int token ids, got {item!r}")
-            elif not 0 <= item < config.vocab_size:
-                raise ValueError(
-                    f"{name} ({value!r}) holds {item}, but token ids must lie in [0, vocab_size={config.vocab_size})"
-                )
-
-
-# ----------------------------------------------------------------------------------------------------------------------
 # Pretrained model base
 # ----------------------------------------------------------------------------------------------------------------------
 
@@ -1225,10 +815,10 @@ class SeqBertPreTrainedModel(PreTrainedModel):
         A seq2seq warm start from a plain BERT checkpoint takes `decoder_start_token_id` and `eos_token_id` from the
         keyword arguments, else the ids of [CLS] and [SEP] in the checkpoint's tokenizer; without either it raises.
         Its cross-attention starts as a copy of each layer's BERT self-attention (`cross_attention_init=
-        "self_attention"`, seqbert's own choice, measured in README's seq2seq ablation) or at random as in BERT2BERT
+        "self_attention"`, seqbert's own choice, measured in the docs' seq2seq ablation) or at random as in BERT2BERT
         (`cross_attention_init="random"`); see `seqbert.convert_bert.warm_start_state_dict`. Its decoder layer `i`
         cross-attends to the hidden states entering encoder layer `i` (`cross_attention_source="same_layer"`, see
-        `SeqBertConfig`; seqbert's own choice, measured in README's seq2seq ablation); pass
+        `SeqBertConfig`; seqbert's own choice, measured in the docs' seq2seq ablation); pass
         `cross_attention_source="last_layer"` as well as `cross_attention_init="random"` for transformers' BERT2BERT
         (`EncoderDecoderModel.from_encoder_decoder_pretrained`) exactly.
 
@@ -1399,7 +989,7 @@ class SeqBertModel(SeqBertPreTrainedModel):
                 `cu_seq_lens_q` that does not cover the batch; packed rows without `cu_seq_lens_q` under
                 flash-attention. Value checks are skipped under `torch.compile` and tracing.
         """
-        _check_encoder_inputs(self.config, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        check_encoder_inputs(self.config, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
         sequence_ids = packed_sequence_ids(self.config, input_ids, inputs_embeds, position_ids, kwargs)
         same_layer = self.config.is_encoder_decoder and self.config.cross_attention_source == "same_layer"
         layer_inputs = [] if same_layer else None
@@ -1414,7 +1004,7 @@ class SeqBertModel(SeqBertPreTrainedModel):
             # One mask per forward, in the format the attention backend wants (None when nothing is masked); packed
             # rows add a block-diagonal constraint (each token attends within its own sequence).
             mask = create_bidirectional_mask(
-                **_mask_arguments(
+                **mask_arguments(
                     create_bidirectional_mask,
                     embedding_output,
                     config=self.config,
@@ -1445,7 +1035,7 @@ class SeqBertModel(SeqBertPreTrainedModel):
             num_sequences, max_length = unpadded.attention_mask.shape
             layout = embedding_output.new_zeros(()).expand(num_sequences, max_length, 1)  # the attention layout
             mask = create_bidirectional_mask(
-                **_mask_arguments(
+                **mask_arguments(
                     create_bidirectional_mask, layout, config=self.config, attention_mask=unpadded.attention_mask
                 )
             )
@@ -1465,7 +1055,7 @@ class SeqBertModel(SeqBertPreTrainedModel):
         mask with some padding (and some real tokens) or packed rows, and no per-layer outputs requested (those are recorded in the
         padded layout). Else None: the padded path, which `attn_implementation="eager"` always takes as the
         readable reference, and which `torch.compile` / `torch.export` trace (it has no data-dependent shapes)."""
-        if self.config._attn_implementation != "sdpa" or not _eager_execution():
+        if self.config._attn_implementation != "sdpa" or not eager_execution():
             return None
         if attention_mask is not None and attention_mask.dim() != 2:
             return None
@@ -1570,12 +1160,12 @@ class SeqBertDecoder(SeqBertPreTrainedModel):
                 cross-attention; masks, positions or encoder states shaped unlike the inputs; ids outside
                 `[0, vocab_size)`; or (learned positions) positions beyond `max_position_embeddings`.
         """
-        past_key_values = _either_cache(past_key_values, cache)
+        past_key_values = either_cache(past_key_values, cache)
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if use_cache and self.training and torch.is_grad_enabled() and self.layers[0].gradient_checkpointing:
             use_cache, past_key_values = False, None
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        _check_decoder_inputs(
+        check_decoder_inputs(
             self.config,
             input_ids,
             attention_mask,
@@ -1607,7 +1197,7 @@ class SeqBertDecoder(SeqBertPreTrainedModel):
         )
         # The masks once per forward, in the format of the configured attention backend.
         attention_mask = create_causal_mask(
-            **_mask_arguments(
+            **mask_arguments(
                 create_causal_mask,
                 hidden_states,
                 past_length,
@@ -1621,7 +1211,7 @@ class SeqBertDecoder(SeqBertPreTrainedModel):
         per_layer = encoder_hidden_states is not None and encoder_hidden_states.dim() == 4
         if self.add_cross_attention:
             encoder_attention_mask = create_bidirectional_mask(
-                **_mask_arguments(
+                **mask_arguments(
                     create_bidirectional_mask,
                     hidden_states,
                     config=self.config,
@@ -1790,48 +1380,13 @@ class SeqBertForSequenceClassification(SeqBertPreTrainedModel):
         logits = self.classifier(self.dropout(outputs.pooler_output))  # (B, C)
         loss = None
         if labels is not None:
-            labels = self._checked_labels(labels, logits.shape)
+            labels = check_sequence_classification_labels(labels, logits.shape, self.config.problem_type)
             divisor = loss_divisor(labels, kwargs.pop("num_items_in_batch", None))  # single-label only
             # In float32: half-precision logits would overflow MSE (or lose precision in the softmax) at large values.
             loss = self.loss_function(labels, logits.float(), self.config, num_items_in_batch=divisor, **kwargs)
         return SequenceClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
-
-    def _checked_labels(self, labels, logits_shape: tuple[int, ...]) -> torch.Tensor:
-        """`labels` checked against the problem type (as `ForSequenceClassificationLoss` infers it) and converted
-        to the dtype its loss needs; see `forward`."""
-        batch_size, num_labels = logits_shape
-        check_tensor("labels", labels, "any", (1, 2), f"({batch_size},) or ({batch_size}, {num_labels})")
-        integer = not (labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool)
-        problem_type = self.config.problem_type
-        if problem_type is None:
-            if num_labels == 1:
-                problem_type = "regression"
-            else:
-                problem_type = "single_label_classification" if integer else "multi_label_classification"
-        per_example = ((batch_size,), (batch_size, 1))
-        if problem_type == "single_label_classification":
-            check_tensor("labels", labels, "integer", (1, 2), f"({batch_size},)")
-            if tuple(labels.shape) not in per_example:
-                raise ValueError(
-                    f"labels has shape {tuple(labels.shape)}, but single-label classification takes one class id per "
-                    f"example: ({batch_size},)"
-                )
-            check_ids_in_range("labels", labels, num_labels, "num_labels", ignore_index=True)
-            return labels.long()
-        if problem_type == "regression" and num_labels == 1:
-            if tuple(labels.shape) not in per_example:
-                raise ValueError(
-                    f"labels has shape {tuple(labels.shape)}, but regression with num_labels=1 takes one target per "
-                    f"example: ({batch_size},)"
-                )
-        else:
-            check_shape("labels", labels, (batch_size, num_labels), f"({problem_type}: one value per class)")
-        if problem_type == "multi_label_classification" and _eager_execution():
-            if not bool(((labels >= 0) & (labels <= 1)).all()):
-                raise ValueError("labels of multi-label classification must be multi-hot targets in [0, 1]")
-        return labels.float()
 
 
 class SeqBertForTokenClassification(SeqBertPreTrainedModel):
@@ -1933,17 +1488,9 @@ class SeqBertForQuestionAnswering(SeqBertPreTrainedModel):
         )
         logits = self.qa_outputs(outputs.last_hidden_state)  # (B, L, 2)
         start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))  # 2 x (B, L)
+        check_answer_positions(start_positions, end_positions, start_logits.shape[0])
         loss = None
-        if (start_positions is None) != (end_positions is None):
-            given = "start_positions" if start_positions is not None else "end_positions"
-            raise ValueError(f"only {given} was given: the QA loss needs both start_positions and end_positions")
         if start_positions is not None:
-            batch_size = start_logits.shape[0]
-            for name, positions in (("start_positions", start_positions), ("end_positions", end_positions)):
-                check_tensor(name, positions, "integer", (1, 2), f"({batch_size},)")
-                if tuple(positions.shape) not in ((batch_size,), (batch_size, 1)):
-                    raise ValueError(f"{name} has shape {tuple(positions.shape)}, but it must be ({batch_size},)")
-                check_ids_in_range(name, positions, None)
             # BERT's loss: positions beyond the sequence are clamped to L and ignored; the mean of the two sides.
             ignored = start_logits.shape[1]
             losses = []
@@ -1995,30 +1542,8 @@ class SeqBertForMultipleChoice(SeqBertPreTrainedModel):
                 the other inputs not shaped like them), and for `labels` not integer, not `(B,)`, or outside `[0, num_choices)` (-100
                 takes no loss).
         """
-        if (input_ids is None) == (inputs_embeds is None):
-            given = "both" if input_ids is not None else "neither"
-            raise ValueError(f"Specify exactly one of input_ids or inputs_embeds; got {given}")
-        if input_ids is not None:
-            check_tensor("input_ids", input_ids, "integer", (3,), "(batch_size, num_choices, sequence_length)")
-            name, reference = "input_ids", input_ids
-        else:
-            check_tensor("inputs_embeds", inputs_embeds, "float", (4,), "(batch_size, num_choices, sequence_length, H)")
-            name, reference = "inputs_embeds", inputs_embeds
-        choices_shape = tuple(reference.shape[:3])  # (B, num_choices, L)
-        if 0 in choices_shape:
-            raise ValueError(
-                f"{name} has shape {tuple(reference.shape)}: need at least one example, one choice and one token "
-                "(batch_size, num_choices, sequence_length >= 1)"
-            )
-        for other_name, other in (
-            ("attention_mask", attention_mask),
-            ("token_type_ids", token_type_ids),
-            ("position_ids", position_ids),
-        ):
-            if other is not None:
-                check_tensor(other_name, other, "any", (3,), "(batch_size, num_choices, sequence_length)")
-                check_shape(other_name, other, choices_shape, f"like {name}")
-        num_choices = reference.shape[1]
+        check_multiple_choice_inputs(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        num_choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
 
         def flat(t: torch.Tensor | None, trailing: int) -> torch.Tensor | None:
             # (B, num_choices, ...) -> (B * num_choices, ...)
@@ -2129,7 +1654,7 @@ class SeqBertForCausalLM(SeqBertPreTrainedModel, GenerationMixin):
         outputs = self.seqbert(
             input_ids,
             attention_mask=attention_mask,
-            cache=_either_cache(past_key_values, cache),
+            cache=either_cache(past_key_values, cache),
             inputs_embeds=inputs_embeds,
             position_ids=position_ids,
             token_type_ids=token_type_ids,
@@ -2171,6 +1696,22 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
     shifted[:, 1:] = labels[:, :-1]
     shifted[:, 0] = decoder_start_token_id
     return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+def cross_attention_states(config: SeqBertConfig, encoder_outputs) -> torch.Tensor:
+    """What `SeqBertForConditionalGeneration` hands its decoder's cross-attention: the encoder's `last_hidden_state`
+    (B, S, H), or with `cross_attention_source="same_layer"` its `layer_inputs` (B, num_decoder_layers, S, H).
+    Raises `ValueError` when `encoder_outputs` lack `layer_inputs` that the config needs."""
+    if config.cross_attention_source == "last_layer":
+        return encoder_outputs.last_hidden_state
+    layer_inputs = getattr(encoder_outputs, "layer_inputs", None)
+    if layer_inputs is None:
+        raise ValueError(
+            "encoder_outputs has no layer_inputs, but this model's cross_attention_source is 'same_layer': decoder "
+            "layer i reads the input of encoder layer i. Pass the whole output of model.get_encoder()(...) "
+            "(a SeqBertModelOutput), not only its last_hidden_state"
+        )
+    return layer_inputs
 
 
 class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
@@ -2342,7 +1883,7 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
             attention_mask=decoder_attention_mask,
             encoder_hidden_states=cross_attention_states(self.config, encoder_outputs),
             encoder_attention_mask=attention_mask,
-            cache=_either_cache(past_key_values, cache),
+            cache=either_cache(past_key_values, cache),
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             return_dict=True,
@@ -2380,172 +1921,8 @@ SeqBertForMultipleChoice.register_for_auto_class("AutoModelForMultipleChoice")
 SeqBertForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 SeqBertForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
 
-
-# ----------------------------------------------------------------------------------------------------------------------
-# CPU generation speed: the decode steps' small matrix products on prepacked oneDNN weights
-# ----------------------------------------------------------------------------------------------------------------------
-
-
-class PackedCpuLinears:
-    """
-    Context manager: inside `with PackedCpuLinears(model):`, each plain `nn.Linear` of `model` (LoRA's base layers
-    included) runs small CPU fp32 batches through oneDNN, with its weight reordered once into oneDNN's blocked layout
-    (`torch.ops.mkldnn._reorder_linear_weight` / `_linear_pointwise`, the pair inductor's weight prepacking uses for
-    dynamic batch sizes). `generate` of the two generation models runs under it; nothing else does.
-
-    Why (our own measurement, not a published trick): a decode step multiplies a few rows (batch x beams) by every
-    weight. MKL's `addmm` reads a row-major weight at 6-7 GB/s for 8 rows on the 2-core AMD EPYC of README's tables;
-    the packed weight streams 2-3x faster (the 30,522 x 384 vocabulary projection: 7.5 ms -> 2.4 ms at 2 threads).
-    For hundreds of rows packing loses (0.83-0.9x), so only these calls take it:
-      - 2 to 32 rows (one row stays on MKL's matrix-vector path, which is faster there);
-      - up to 512 rows for an output of at least 8,192 features (a vocabulary projection).
-
-    Results differ from `F.linear` in the last bits (about 1e-6 relative), so generated ids match transformers'
-    `EncoderDecoderModel` and `BertLMHeadModel` (tests/test_bert2bert.py and tests/test_causal_lm.py check them) but
-    scores are not bit-equal. Every other call runs `F.linear` unchanged: grad-requiring inputs or weights, other
-    dtypes or devices, weight tensor subclasses, `torch.compile` tracing, no oneDNN or no AVX2 CPU, and
-    `torch.backends.mkldnn.flags(enabled=False)`, which is how a user turns it off.
-
-    Modules are swapped by an instance attribute `forward` (hooks still run), which `__exit__` removes; a module that
-    already has one (accelerate's offloading hooks, or another `generate` running in a second thread) is left alone.
-    A weight is packed on its second small call, so a one-step `generate` costs nothing extra, and the packed copies
-    are dropped on exit, so weights changed between calls (training, adapters merged through `.data`) are always read
-    afresh. Packing the MiniLM BERT2BERT decoder and vocabulary projection takes about 20 ms per `generate` call.
-    """
-
-    max_rows = 32
-    max_rows_vocabulary = 512
-    min_vocabulary_features = 8192
-
-    def __init__(self, model: nn.Module):
-        self.model = model
-        self.swapped: list[nn.Linear] = []
-        self.packed: dict[nn.Linear, tuple] = {}  # module -> (the weight, its packed copy or None before its 2nd use)
-
-    def __enter__(self) -> "PackedCpuLinears":
-        if _ONEDNN_LINEAR:
-            self.swapped = [m for m in self.model.modules() if type(m) is nn.Linear and "forward" not in vars(m)]
-            for module in self.swapped:
-                module.forward = functools.partial(self.linear, module)
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        for module in self.swapped:
-            vars(module).pop("forward", None)
-        self.swapped, self.packed = [], {}
-
-    def linear(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        """`module(x)` for an `nn.Linear`: (..., in_features) -> (..., out_features), in `x`'s dtype."""
-        weight, bias = module.weight, module.bias
-        if not (_packable_cpu_linear(x, weight, bias) and self._small(x, weight)):
-            return nn.functional.linear(x, weight, bias)
-        weight_seen, packed = self.packed.get(module, (None, None))
-        if weight_seen is not weight:  # its first small call (or a weight replaced inside the block)
-            self.packed[module] = (weight, None)
-            return nn.functional.linear(x, weight, bias)
-        if packed is None:
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight, self.max_rows)
-            self.packed[module] = (weight, packed)
-        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-
-    def _small(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
-        rows = x.numel() // x.shape[-1]
-        if weight.shape[0] >= self.min_vocabulary_features:
-            return rows <= self.max_rows_vocabulary
-        return 2 <= rows <= self.max_rows
-
-
-def _packable_cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether `F.linear(x, weight, bias)` may take `PackedCpuLinears`' oneDNN path (see there)."""
-    if not torch.backends.mkldnn.enabled or torch.compiler.is_compiling():
-        return False
-    tensors = (x, weight) if bias is None else (x, weight, bias)
-    if not all(type(t) in (torch.Tensor, nn.Parameter) for t in tensors):
-        return False
-    if any(t.device.type != "cpu" or t.dtype != torch.float32 or t.layout != torch.strided for t in tensors):
-        return False
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return False
-    return weight.dim() == 2 and x.dim() >= 2 and x.shape[-1] == weight.shape[1] and x.numel() > 0
-
-
-def _onednn_linear_available() -> bool:
-    """oneDNN's packed linear ops exist and the CPU is an x86 one with AVX2 or better, where they were measured."""
-    try:
-        ops = (torch.ops.mkldnn._reorder_linear_weight, torch.ops.mkldnn._linear_pointwise)
-    except (AttributeError, RuntimeError):
-        return False
-    return (
-        all(ops) and torch.backends.mkldnn.is_available() and torch.backends.cpu.get_cpu_capability().startswith("AVX")
-    )
-
-
-_ONEDNN_LINEAR = _onednn_linear_available()
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# PEFT: default adapter targets
-# ----------------------------------------------------------------------------------------------------------------------
-
-# PEFT picks the modules an adapter targets by default from tables keyed by `model_type` (`peft.utils.constants`: LoRA
-# adapts BERT's ["query", "value"]). SeqBERT gets BERT's entries under its own names, so `LoraConfig(task_type=...)`
-# without `target_modules` adapts queries and values, as it does for BERT. BERT's "output.dense" matches both the
-# attention output and the feed-forward output; SeqBERT calls them `out_proj` and `down_proj`.
-_BERT_TO_SEQBERT_MODULES = {
-    "query": ["query"],
-    "key": ["key"],
-    "value": ["value"],
-    "output.dense": ["out_proj", "down_proj"],
-}
-
-
-def register_peft_target_modules(constants=None) -> None:
-    """
-    Add `"seqbert"` to every PEFT table of default target modules that has a `"bert"` entry, with SeqBERT's module
-    names for BERT's. Runs by itself when `peft.utils.constants` is imported (or at once, if it already was), so
-    users never call it; calling it again changes nothing.
-
-    Args:
-        constants (module, *optional*): `peft.utils.constants`; imported when None.
-    """
-    if constants is None:
-        # Not an import statement: transformers' remote-code loader requires every package a modeling file imports.
-        constants = importlib.import_module("peft.utils.constants")
-    for name, table in vars(constants).items():
-        if not (name.startswith("TRANSFORMERS_MODELS_TO_") and isinstance(table, dict)):
-            continue
-        bert_modules = table.get("bert")
-        if isinstance(bert_modules, list) and all(module in _BERT_TO_SEQBERT_MODULES for module in bert_modules):
-            table.setdefault("seqbert", [m for module in bert_modules for m in _BERT_TO_SEQBERT_MODULES[module]])
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs `callback(module)` right after `module_name` is first imported: a post-import hook, which importlib lacks.
-    It finds the real module spec through the other finders and wraps its loader's `exec_module`."""
-
-    def __init__(self, module_name: str, callback: Callable):
-        self.module_name, self.callback = module_name, callback
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != self.module_name:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is not None and spec.loader is not None:
-            exec_module = spec.loader.exec_module
-
-            def exec_then_callback(module):
-                exec_module(module)
-                self.callback(module)
-
-            spec.loader.exec_module = exec_then_callback
-        return spec
-
-
-if "peft.utils.constants" in sys.modules:
-    register_peft_target_modules(sys.modules["peft.utils.constants"])
-elif importlib.util.find_spec("peft") is not None:
-    sys.meta_path.insert(0, _AfterImport("peft.utils.constants", register_peft_target_modules))
+# PEFT's default adapter targets for "seqbert" (see `peft_integration`), for package and `trust_remote_code` users alike.
+register_peft_target_modules_on_import()
 
 __all__ = [
     "SeqBertPreTrainedModel",

@@ -1,0 +1,481 @@
+"""Checks of the arguments of SeqBERT's `forward` and `generate`: a bad argument raises `ValueError` or `TypeError`
+naming it, never an `IndexError` or a torch `RuntimeError` from deep inside the model.
+
+The models call these before (or, for labels, next to) their computation, so that `modeling_seqbert.py` keeps only
+the model itself. Also here: `eager_execution`, which says whether values may be read on the host (checks and the
+unpadded fast path skip that under `torch.compile` and tracing), and `packed_sequence_ids`, which reads (and checks)
+where packed sequences start in a row.
+
+Imported relatively by `modeling_seqbert.py`, so it is copied into saved model folders for `trust_remote_code=True`
+users and depends only on torch and transformers.
+"""
+
+import copy
+
+import torch
+from transformers.generation import GenerationConfig
+from transformers.masking_utils import find_packed_sequence_indices
+
+from .configuration_seqbert import SeqBertConfig
+
+
+# Label value that takes no loss (`CrossEntropyLoss`'s `ignore_index`, as in BERT and the transformers collators).
+IGNORE_INDEX = -100
+
+
+def eager_execution() -> bool:
+    """Whether the forward runs eagerly, so it may read tensor values on the host: not while `torch.compile`,
+    `torch.export` or `torch.jit` trace it, nor while a CUDA graph is captured. Reading values (ids within range,
+    where the real tokens are) costs one host sync each and would break a traced graph, so traced code checks only
+    types and shapes and takes the padded path."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return False
+    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def check_tensor(name: str, value, kind: str, ndims: tuple[int, ...], meaning: str) -> None:
+    """
+    Raise unless `value` is a tensor of the `kind` ("integer" ids: int64 or int32, which embedding lookups take;
+    "float" values; "any") with one of `ndims` dimensions.
+
+    Raises:
+        TypeError: `value` is not a `torch.Tensor`, or its dtype is not of the `kind`.
+        ValueError: wrong number of dimensions; the message gives the expected layout `meaning`, e.g. "(B, L)".
+    """
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of shape {meaning}, got {type(value).__name__}")
+    if kind == "integer" and value.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name} must hold integer ids (torch.long or torch.int32), got dtype {value.dtype}")
+    if kind == "float" and not value.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {value.dtype}")
+    if value.dim() not in ndims:
+        raise ValueError(f"{name} must have shape {meaning}, got shape {tuple(value.shape)}")
+
+
+def check_shape(name: str, value: torch.Tensor, expected: tuple[int, ...], meaning: str, broadcast: bool = False):
+    """Raise `ValueError` unless `value.shape == expected` (with `broadcast`, a 1 may stand for any size)."""
+    shape = tuple(value.shape)
+    fits = len(shape) == len(expected) and all(
+        got == want or (broadcast and got == 1) for got, want in zip(shape, expected, strict=True)
+    )
+    if not fits:
+        raise ValueError(f"{name} has shape {shape}, but it must be {expected} {meaning}")
+
+
+def check_ids_in_range(
+    name: str, ids: torch.Tensor, high: int | None, high_name: str = "", ignore_index: bool = False
+) -> None:
+    """
+    Raise `ValueError` unless every value of the integer tensor `ids` lies in `[0, high)` (`[0, inf)` when `high` is
+    None), or equals `IGNORE_INDEX` with `ignore_index`. One host sync; skipped while compiling or tracing (see
+    `eager_execution`).
+    """
+    if not eager_execution() or ids.numel() == 0:
+        return
+    limit = torch.iinfo(torch.int64).max if high is None else high
+    low_value, high_value = torch.stack(torch.aminmax(ids)).tolist()
+    if low_value >= 0 and high_value < limit:
+        return
+    valid = (ids >= 0) & (ids < limit)
+    if ignore_index:
+        valid |= ids == IGNORE_INDEX
+    if bool(valid.all()):
+        return
+    bad = (~valid).nonzero()[0]
+    allowed = ">= 0" if high is None else f"[0, {high_name}={high})"
+    allowed += f" or {IGNORE_INDEX} (no loss)" if ignore_index else ""
+    raise ValueError(f"{name} holds {ids[tuple(bad)].item()} at index {tuple(bad.tolist())}; allowed: {allowed}")
+
+
+def _check_ids_or_embeds(
+    config: SeqBertConfig,
+    input_ids: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+    ids_name: str,
+    embeds_name: str,
+    length_name: str,
+) -> tuple[int, int, str]:
+    """Check that exactly one of `input_ids` (B, L) integer and `inputs_embeds` (B, L, H) float is given, with
+    B, L >= 1 (named `ids_name` / `embeds_name` in messages); return B, L and the name of the one given."""
+    if (input_ids is None) == (inputs_embeds is None):
+        given = "both" if input_ids is not None else "neither"
+        raise ValueError(f"Specify exactly one of {ids_name} or {embeds_name}; got {given}")
+    if input_ids is not None:
+        check_tensor(ids_name, input_ids, "integer", (2,), f"(batch_size, {length_name})")
+        (batch_size, seq_len), name = input_ids.shape, ids_name
+    else:
+        width = config.hidden_size
+        check_tensor(embeds_name, inputs_embeds, "float", (3,), f"(batch_size, {length_name}, {width})")
+        if inputs_embeds.shape[-1] != width:
+            raise ValueError(f"{embeds_name} has width {inputs_embeds.shape[-1]}, but hidden_size is {width}")
+        (batch_size, seq_len), name = inputs_embeds.shape[:2], embeds_name
+    if batch_size == 0 or seq_len == 0:
+        raise ValueError(f"{name} has shape {tuple((batch_size, seq_len))}: need at least one sequence of one token")
+    return batch_size, seq_len, name
+
+
+def check_encoder_inputs(
+    config: SeqBertConfig,
+    input_ids: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    token_type_ids: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+) -> None:
+    """The checks of `SeqBertModel.forward` (see its Raises section)."""
+    batch_size, seq_len, name = _check_ids_or_embeds(
+        config, input_ids, inputs_embeds, "input_ids", "inputs_embeds", "sequence_length"
+    )
+    learned = config.position_embedding_type == "learned"
+    if learned and position_ids is None and seq_len > config.max_position_embeddings:
+        raise ValueError(
+            f"{name} has sequence length {seq_len}, but the learned position embeddings cover "
+            f"max_position_embeddings={config.max_position_embeddings} positions: truncate the input (tokenizer "
+            f"truncation=True, max_length={config.max_position_embeddings}); sinusoidal positions have no limit"
+        )
+    if attention_mask is not None:
+        check_tensor("attention_mask", attention_mask, "any", (2, 4), "(batch_size, sequence_length)")
+        if attention_mask.dim() == 2:
+            check_shape("attention_mask", attention_mask, (batch_size, seq_len), f"like {name}")
+        else:
+            check_shape(
+                "attention_mask", attention_mask, (batch_size, 1, seq_len, seq_len), "(4D mask)", broadcast=True
+            )
+            if not (attention_mask.dtype == torch.bool or attention_mask.is_floating_point()):
+                raise TypeError(
+                    f"attention_mask is a prepared 4D mask of dtype {attention_mask.dtype}: give it as bool (True: "
+                    "attend) or float (added to the scores: 0 to attend, the dtype's minimum not to), or give the "
+                    "(batch_size, sequence_length) mask of 1s and 0s"
+                )
+    if token_type_ids is not None:
+        check_tensor("token_type_ids", token_type_ids, "integer", (2,), "(batch_size, sequence_length)")
+        check_shape("token_type_ids", token_type_ids, (batch_size, seq_len), f"like {name}", broadcast=True)
+        if config.type_vocab_size > 0:
+            check_ids_in_range("token_type_ids", token_type_ids, config.type_vocab_size, "type_vocab_size")
+        elif eager_execution() and bool(token_type_ids.any()):
+            raise ValueError(
+                "token_type_ids holds non-zero segment ids, but the model has no segment embeddings "
+                "(type_vocab_size=0): drop token_type_ids"
+            )
+    if position_ids is not None:
+        check_tensor("position_ids", position_ids, "integer", (2,), "(batch_size, sequence_length)")
+        check_shape("position_ids", position_ids, (batch_size, seq_len), f"like {name}", broadcast=True)
+        if learned:
+            check_ids_in_range("position_ids", position_ids, config.max_position_embeddings, "max_position_embeddings")
+        else:
+            check_ids_in_range("position_ids", position_ids, None)
+    if input_ids is not None:
+        check_ids_in_range("input_ids", input_ids, config.vocab_size, "vocab_size")
+
+
+def packed_sequence_ids(
+    config: SeqBertConfig,
+    input_ids: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    kwargs: dict,
+) -> torch.Tensor | None:
+    """
+    Which sequence each token belongs to when rows are packed (several sequences in one row, as
+    `DataCollatorWithFlattening` builds them): a `(B, L)` integer tensor whose value changes along a row where a new
+    sequence starts; None for ordinary rows.
+
+    The boundaries come from `cu_seq_lens_q` in `kwargs` when given (cumulative lengths over the flattened batch),
+    else from `position_ids`: a step other than +1 along a row starts a new sequence (transformers'
+    `find_packed_sequence_indices`, which returns None when no row restarts, and always returns the ids when traced).
+
+    Raises:
+        TypeError: `cu_seq_lens_q` is not an integer tensor.
+        ValueError: `cu_seq_lens_q` is not 1-D, or does not run from 0 to the number of tokens B * L; packed rows
+            under flash-attention without `cu_seq_lens_q` (transformers' flash path reads the boundaries only there).
+    """
+    batch_size, seq_len = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+    cu_seq_lens = kwargs.get("cu_seq_lens_q")
+    if cu_seq_lens is not None:
+        check_tensor("cu_seq_lens_q", cu_seq_lens, "integer", (1,), "(num_sequences + 1,)")
+        if eager_execution():
+            first, last = cu_seq_lens[[0, -1]].tolist()
+            if first != 0 or last != batch_size * seq_len:
+                raise ValueError(
+                    f"cu_seq_lens_q runs from {first} to {last}, but it must run from 0 to the number of tokens "
+                    f"{batch_size * seq_len} (batch_size {batch_size} x sequence_length {seq_len})"
+                )
+        tokens = torch.arange(batch_size * seq_len, device=cu_seq_lens.device)
+        return torch.searchsorted(cu_seq_lens[1:].long(), tokens, right=True).view(batch_size, seq_len)
+    if position_ids is None:
+        return None
+    sequence_ids = find_packed_sequence_indices(position_ids)
+    if config._attn_implementation.startswith("flash"):
+        if sequence_ids is not None and eager_execution():
+            raise ValueError(
+                "position_ids restart inside a row (packed sequences), but flash-attention reads sequence "
+                "boundaries only from cu_seq_lens_q/cu_seq_lens_k: pass them (DataCollatorWithFlattening("
+                "return_flash_attn_kwargs=True)), or use attn_implementation='sdpa' or 'eager'"
+            )
+        return None
+    return None if sequence_ids is None else sequence_ids.expand(batch_size, seq_len)
+
+
+# How SeqBertDecoder's arguments are named in messages: as SeqBertForConditionalGeneration.forward calls them (with
+# cross-attention), or as SeqBertForCausalLM.forward does (without).
+DECODER_ARGUMENT_NAMES = {
+    True: dict(
+        ids="decoder_input_ids", embeds="decoder_inputs_embeds", mask="decoder_attention_mask", length="target_length"
+    ),
+    False: dict(ids="input_ids", embeds="inputs_embeds", mask="attention_mask", length="sequence_length"),
+}
+
+
+def check_decoder_inputs(
+    config: SeqBertConfig,
+    input_ids: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    encoder_hidden_states: torch.Tensor | None,
+    encoder_attention_mask: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    token_type_ids: torch.Tensor | None,
+    past_length: int,
+    cross_attention: bool,
+) -> None:
+    """The checks of `SeqBertDecoder.forward`, naming the arguments as the model that calls it does
+    (`DECODER_ARGUMENT_NAMES`); `encoder_hidden_states` are required with `cross_attention`."""
+    names = DECODER_ARGUMENT_NAMES[cross_attention]
+    batch_size, seq_len, name = _check_ids_or_embeds(
+        config, input_ids, inputs_embeds, names["ids"], names["embeds"], names["length"]
+    )
+    total = past_length + seq_len
+    learned = config.position_embedding_type == "learned"
+    if position_ids is not None:
+        check_tensor("position_ids", position_ids, "integer", (2,), f"(batch_size, {names['length']})")
+        check_shape("position_ids", position_ids, (batch_size, seq_len), f"like {name}", broadcast=True)
+        limit = config.max_position_embeddings if learned else None
+        check_ids_in_range("position_ids", position_ids, limit, "max_position_embeddings")
+    elif learned and total > config.max_position_embeddings:
+        raise ValueError(
+            f"the decoder reached position {total - 1} ({past_length} cached + {seq_len} new tokens), but the learned "
+            f"position embeddings cover max_position_embeddings={config.max_position_embeddings} positions: shorten "
+            f"the {names['length'].replace('_', ' ')} (or max_length / max_new_tokens of generate)"
+        )
+    if token_type_ids is not None:
+        check_tensor("token_type_ids", token_type_ids, "integer", (2,), f"(batch_size, {names['length']})")
+        check_shape("token_type_ids", token_type_ids, (batch_size, seq_len), f"like {name}", broadcast=True)
+        check_ids_in_range("token_type_ids", token_type_ids, max(config.type_vocab_size, 1), "type_vocab_size")
+    if attention_mask is not None:
+        meaning = f"(batch_size, past + {names['length']})"
+        check_tensor(names["mask"], attention_mask, "any", (2, 4), meaning)
+        if attention_mask.dim() == 2:
+            check_shape(names["mask"], attention_mask, (batch_size, total), meaning)
+        elif attention_mask.shape[-1] < total:
+            raise ValueError(
+                f"{names['mask']} is a prepared 4D mask over {attention_mask.shape[-1]} key positions, but the decoder "
+                f"attends to {total} ({past_length} cached + {seq_len} new)"
+            )
+        else:
+            expected = (batch_size, 1, seq_len, attention_mask.shape[-1])
+            check_shape(names["mask"], attention_mask, expected, "(4D mask)", broadcast=True)
+    if cross_attention:
+        if encoder_hidden_states is None:
+            raise ValueError("the decoder needs encoder_hidden_states (encoder_outputs): it attends to the source")
+        meaning = "(batch_size, source_length, H), or (batch_size, num_decoder_layers, source_length, H)"
+        check_tensor("encoder_hidden_states", encoder_hidden_states, "float", (3, 4), meaning)
+        source_length = encoder_hidden_states.shape[-2]
+        layers = (config.num_decoder_layers,) if encoder_hidden_states.dim() == 4 else ()
+        check_shape(
+            "encoder_hidden_states",
+            encoder_hidden_states,
+            (batch_size, *layers, source_length, config.hidden_size),
+            f"(the {name} batch size, {'num_decoder_layers, ' if layers else ''}source_length, hidden_size)",
+        )
+        if encoder_attention_mask is not None:
+            check_tensor("attention_mask", encoder_attention_mask, "any", (2,), "(batch_size, source_length)")
+            check_shape("attention_mask", encoder_attention_mask, (batch_size, source_length), "like the source")
+    if input_ids is not None:
+        check_ids_in_range(names["ids"], input_ids, config.vocab_size, "vocab_size")
+
+
+def check_labels(
+    name: str, labels, logits_shape: tuple[int, ...], num_classes: int, classes_name: str, ignore_index: bool = True
+) -> torch.Tensor:
+    """
+    Raise unless `labels` are integer class ids shaped like `logits_shape` without its class dimension, each in
+    `[0, num_classes)` or `IGNORE_INDEX`. Raises `TypeError` (not a tensor, not integer) or `ValueError`. Returns
+    them as int64, which the cross-entropy takes.
+    """
+    expected = tuple(logits_shape[:-1])
+    meaning = f"(the logits' shape {tuple(logits_shape)} without the class dimension)"
+    check_tensor(name, labels, "integer", (len(expected),), str(expected))
+    check_shape(name, labels, expected, meaning)
+    check_ids_in_range(name, labels, num_classes, classes_name, ignore_index=ignore_index)
+    return labels.long()
+
+
+def check_sequence_classification_labels(
+    labels, logits_shape: tuple[int, ...], problem_type: str | None
+) -> torch.Tensor:
+    """
+    The `labels` of `SeqBertForSequenceClassification.forward`, checked against the problem type (`problem_type` of
+    the config, else inferred as `ForSequenceClassificationLoss` does) and converted to the dtype its loss needs:
+    int64 class ids for single-label classification, float targets otherwise. See that `forward` for what raises.
+    """
+    batch_size, num_labels = logits_shape
+    check_tensor("labels", labels, "any", (1, 2), f"({batch_size},) or ({batch_size}, {num_labels})")
+    integer = not (labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool)
+    if problem_type is None:
+        if num_labels == 1:
+            problem_type = "regression"
+        else:
+            problem_type = "single_label_classification" if integer else "multi_label_classification"
+    per_example = ((batch_size,), (batch_size, 1))
+    if problem_type == "single_label_classification":
+        check_tensor("labels", labels, "integer", (1, 2), f"({batch_size},)")
+        if tuple(labels.shape) not in per_example:
+            raise ValueError(
+                f"labels has shape {tuple(labels.shape)}, but single-label classification takes one class id per "
+                f"example: ({batch_size},)"
+            )
+        check_ids_in_range("labels", labels, num_labels, "num_labels", ignore_index=True)
+        return labels.long()
+    if problem_type == "regression" and num_labels == 1:
+        if tuple(labels.shape) not in per_example:
+            raise ValueError(
+                f"labels has shape {tuple(labels.shape)}, but regression with num_labels=1 takes one target per "
+                f"example: ({batch_size},)"
+            )
+    else:
+        check_shape("labels", labels, (batch_size, num_labels), f"({problem_type}: one value per class)")
+    if problem_type == "multi_label_classification" and eager_execution():
+        if not bool(((labels >= 0) & (labels <= 1)).all()):
+            raise ValueError("labels of multi-label classification must be multi-hot targets in [0, 1]")
+    return labels.float()
+
+
+def check_answer_positions(
+    start_positions: torch.Tensor | None, end_positions: torch.Tensor | None, batch_size: int
+) -> None:
+    """
+    The answer-span positions of `SeqBertForQuestionAnswering.forward`: both or neither given, each integer of
+    shape `(batch_size,)` (or `(batch_size, 1)`) and non-negative (positions beyond the sequence are allowed: the loss
+    ignores them, as BERT's does).
+
+    Raises:
+        TypeError: a position tensor is not a tensor or not integer.
+        ValueError: only one of the two is given, or one is shaped otherwise or holds a negative position.
+    """
+    if (start_positions is None) != (end_positions is None):
+        given = "start_positions" if start_positions is not None else "end_positions"
+        raise ValueError(f"only {given} was given: the QA loss needs both start_positions and end_positions")
+    if start_positions is None:
+        return
+    for name, positions in (("start_positions", start_positions), ("end_positions", end_positions)):
+        check_tensor(name, positions, "integer", (1, 2), f"({batch_size},)")
+        if tuple(positions.shape) not in ((batch_size,), (batch_size, 1)):
+            raise ValueError(f"{name} has shape {tuple(positions.shape)}, but it must be ({batch_size},)")
+        check_ids_in_range(name, positions, None)
+
+
+def check_multiple_choice_inputs(
+    input_ids: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    token_type_ids: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+) -> None:
+    """
+    The inputs of `SeqBertForMultipleChoice.forward` before they are flattened to one sequence per choice: exactly one
+    of `input_ids` (B, num_choices, L) integer and `inputs_embeds` (B, num_choices, L, H) float, no dimension of 0, and
+    the other inputs shaped (B, num_choices, L) like them. The flattened inputs then go through `SeqBertModel`'s checks.
+
+    Raises:
+        TypeError: an input is not a tensor, ids are not integers, or `inputs_embeds` is not floating-point.
+        ValueError: both or neither of `input_ids` and `inputs_embeds`; a wrong number of dimensions, an empty one, or
+            another input shaped unlike them.
+    """
+    if (input_ids is None) == (inputs_embeds is None):
+        given = "both" if input_ids is not None else "neither"
+        raise ValueError(f"Specify exactly one of input_ids or inputs_embeds; got {given}")
+    if input_ids is not None:
+        check_tensor("input_ids", input_ids, "integer", (3,), "(batch_size, num_choices, sequence_length)")
+        name, reference = "input_ids", input_ids
+    else:
+        check_tensor("inputs_embeds", inputs_embeds, "float", (4,), "(batch_size, num_choices, sequence_length, H)")
+        name, reference = "inputs_embeds", inputs_embeds
+    choices_shape = tuple(reference.shape[:3])  # (B, num_choices, L)
+    if 0 in choices_shape:
+        raise ValueError(
+            f"{name} has shape {tuple(reference.shape)}: need at least one example, one choice and one token "
+            "(batch_size, num_choices, sequence_length >= 1)"
+        )
+    for other_name, other in (
+        ("attention_mask", attention_mask),
+        ("token_type_ids", token_type_ids),
+        ("position_ids", position_ids),
+    ):
+        if other is not None:
+            check_tensor(other_name, other, "any", (3,), "(batch_size, num_choices, sequence_length)")
+            check_shape(other_name, other, choices_shape, f"like {name}")
+
+
+# Generation settings that transformers' `generate` uses without checking: counts below their minimum end in a
+# ZeroDivisionError or a tensor of negative size, token ids outside the vocabulary in an IndexError deep inside a
+# logits processor, or (`pad_token_id`) in sequences that hold ids the model does not have.
+GENERATE_MINIMUMS = {"num_beams": 1, "num_return_sequences": 1, "num_beam_groups": 1, "top_k": 0}
+GENERATE_TOKEN_IDS = (
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "decoder_start_token_id",
+    "forced_bos_token_id",
+    "forced_eos_token_id",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+    "bad_words_ids",
+)
+
+
+def check_generate_arguments(config: SeqBertConfig, default: GenerationConfig, args: tuple, kwargs: dict) -> None:
+    """
+    The checks of `generate` (its `args` and `kwargs` as given) that transformers leaves out: the prompt / source
+    `inputs` (`input_ids`) must not be empty, and the generation settings in force (`generation_config`, else the
+    model's `default`, updated by `kwargs`, as `generate` merges them) must have counts of at least
+    `GENERATE_MINIMUMS` and token ids (`GENERATE_TOKEN_IDS`, single ids or nested lists) in `[0, vocab_size)`.
+
+    Raises:
+        ValueError: the inputs have an empty dimension; a count is below its minimum; a token id lies outside the
+            vocabulary (the message names the setting, its value and the allowed range).
+        TypeError: a count or token id is not an int.
+    """
+    inputs = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
+    if isinstance(inputs, torch.Tensor) and 0 in inputs.shape:
+        raise ValueError(
+            f"input_ids has shape {tuple(inputs.shape)}: generate needs at least one sequence of at least one token "
+            "(a causal LM given no input_ids starts from bos_token_id)"
+        )
+    given = args[1] if len(args) > 1 else kwargs.get("generation_config")
+    settings = copy.deepcopy(given if given is not None else default)
+    settings.update(**{name: value for name, value in kwargs.items() if hasattr(settings, name)})
+    for name, minimum in GENERATE_MINIMUMS.items():
+        value = getattr(settings, name, None)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {value!r} of type {type(value).__name__}")
+        if value < minimum:
+            raise ValueError(f"{name} ({value}) must be >= {minimum}")
+    for name in GENERATE_TOKEN_IDS:
+        value = getattr(settings, name, None)
+        pending = [value]
+        while pending:
+            item = pending.pop()
+            if item is None:
+                continue
+            if isinstance(item, (list, tuple)):
+                pending.extend(item)
+            elif isinstance(item, torch.Tensor):
+                pending.extend(item.reshape(-1).tolist())
+            elif isinstance(item, bool) or not isinstance(item, int):
+                raise TypeError(f"{name} ({value!r}) must hold int token ids, got {item!r}")
+            elif not 0 <= item < config.vocab_size:
+                raise ValueError(
+                    f"{name} ({value!r}) holds {item}, but token ids must lie in [0, vocab_size={config.vocab_size})"
+                )
