@@ -28,6 +28,12 @@ from seqbert.data import minilm_checkpoint_path, rotten_tomatoes_path
 
 
 ROOT = Path(__file__).resolve().parents[1]
+# Every script by file name (scripts/examples, hub, benchmarks, checks); their folders go on sys.path, so the tests
+# import the scripts (and the scripts' own neighbours) by module name.
+SCRIPT_PATHS = {path.name: path for path in sorted((ROOT / "scripts").glob("*/*.py"))}
+for _folder in sorted({str(path.parent) for path in SCRIPT_PATHS.values()}):
+    if _folder not in sys.path:
+        sys.path.insert(0, _folder)
 
 # Hypothesis profiles. "ci", the default, is what README's test command runs: derandomized (every run draws the same
 # examples) and without an example database, so the suite cannot pass or fail by chance: a red run means a change
@@ -176,8 +182,9 @@ def bert_checkpoints(tmp_path_factory, tokenizer):
 
 
 def _run_script(name: str, output_dir: Path, *args: str) -> Path:
-    """Run `scripts/<name>` with the default offline data (never the Hub) and assert it succeeded."""
-    command = [sys.executable, str(ROOT / "scripts" / name), "--output_dir", str(output_dir), *args]
+    """Run the script `name` (a file of `scripts/*/`) with the default offline data (never the Hub) and assert it
+    succeeded."""
+    command = [sys.executable, str(SCRIPT_PATHS[name]), "--output_dir", str(output_dir), *args]
     env = dict(os.environ, HF_HUB_OFFLINE="1")  # proves the default path never needs the Hub
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -185,13 +192,13 @@ def _run_script(name: str, output_dir: Path, *args: str) -> Path:
 
 
 def run_without_seqbert(jobs: list[dict], tmp_path: Path) -> dict[str, torch.Tensor]:
-    """Run `scripts/load_without_seqbert.py` on `jobs` in a process where `import seqbert` fails (offline, a fresh
+    """Run `scripts/hub/load_without_seqbert.py` on `jobs` in a process where `import seqbert` fails (offline, a fresh
     dynamic-module cache) and return the tensors it stored."""
     jobs_path, output_path = tmp_path / "jobs.json", tmp_path / "outputs.safetensors"
     jobs_path.write_text(json.dumps(jobs))
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
     env.pop("PYTHONPATH", None)
-    command = [sys.executable, str(ROOT / "scripts" / "load_without_seqbert.py"), str(jobs_path), str(output_path)]
+    command = [sys.executable, str(SCRIPT_PATHS["load_without_seqbert.py"]), str(jobs_path), str(output_path)]
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     # No trust_remote_code prompt and no fallback to a generic config anywhere on the way.

@@ -1,18 +1,12 @@
-"""The contenders of scripts/benchmark.py compute BERT: each engine built from the real MiniLM checkpoint gives
+"""The contenders of scripts/benchmarks/benchmark.py compute BERT: each engine built from the real MiniLM checkpoint gives
 transformers' BertModel hidden states on real text (so the speed table compares like with like), and the fast paths
 it claims are the ones taken."""
 
-import sys
-from pathlib import Path
-
+import benchmark_engines  # noqa: E402
 import torch
 from transformers import BertModel
 
 import seqbert
-
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import benchmark_engines  # noqa: E402
 
 
 @torch.inference_mode()

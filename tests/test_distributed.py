@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import SCRIPT_PATHS
 from safetensors.torch import load_file
 from transformers.trainer_utils import get_last_checkpoint
 
@@ -140,7 +141,7 @@ def test_resume_after_a_crash_while_saving_is_bit_identical(task, tmp_path):
 
 def test_scripts_refuse_fsdp_that_accelerate_ignores(tmp_path):
     """accelerate enables FSDP only on accelerators: 2 CPU processes with `--fsdp` would silently train with DDP."""
-    script = Path(__file__).resolve().parents[1] / "scripts" / "run_classification.py"
+    script = SCRIPT_PATHS["run_classification.py"]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
     command += ["--output_dir", str(tmp_path / "out"), "--max_train_samples", "8", "--max_eval_samples", "8"]
     command += ["--use_cpu", "--fsdp", "full_shard"]

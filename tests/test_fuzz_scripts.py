@@ -9,24 +9,19 @@ or transformers error) and never a file written. The long campaign runs it with 
 """
 
 import dataclasses
-import sys
 from pathlib import Path
 
 import huggingface_hub
 import pytest
-from conftest import ROOT, fuzz_examples
+import run_classification  # noqa: E402
+import run_mlm  # noqa: E402
+import run_seq2seq  # noqa: E402
+from conftest import fuzz_examples
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from transformers import TrainingArguments
 
 from seqbert.script_utils import ScriptInputError
-
-
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import run_classification  # noqa: E402
-import run_mlm  # noqa: E402
-import run_seq2seq  # noqa: E402
 
 
 pytestmark = pytest.mark.fuzz

@@ -1,7 +1,7 @@
-"""Hub publishing: saved folders that load with only torch + transformers, the model card, and scripts/push_to_hub.py.
+"""Hub publishing: saved folders that load with only torch + transformers, the model card, and scripts/hub/push_to_hub.py.
 
 The remote-code tests copy saved folders elsewhere and load them in a separate process in which `import seqbert`
-fails (scripts/load_without_seqbert.py), with real MiniLM weights and real review snippets, and compare the outputs with
+fails (scripts/hub/load_without_seqbert.py), with real MiniLM weights and real review snippets, and compare the outputs with
 the in-package models. The upload test runs huggingface_hub's real `HfApi` code with only its HTTP client replaced by
 an in-process fake Hub (tests/hub_recorder.py): the Hub is unreachable from this machine.
 """
@@ -13,9 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import push_to_hub  # noqa: E402
 import pytest
 import torch
-from conftest import ROOT, run_without_seqbert, tiny_config
+from conftest import SCRIPT_PATHS, run_without_seqbert, tiny_config
 from hub_recorder import record_hub_requests
 from huggingface_hub import ModelCard
 from safetensors.torch import save_file
@@ -27,11 +28,16 @@ from seqbert.configuration_seqbert import CAUSAL_LM_AUTO_MAP, ENCODER_AUTO_MAP, 
 from seqbert.hub import UPLOAD_IGNORE_PATTERNS, count_parameters, upload_files, validate_model_folder
 
 
-sys.path.insert(0, str(ROOT / "scripts"))
-import push_to_hub  # noqa: E402
-
-
-CODE_FILES = {"configuration_seqbert.py", "modeling_seqbert.py", "convert_bert.py"}
+# The code a saved folder carries: the files named by auto_map and, recursively, the files they import relatively.
+CODE_FILES = {
+    "configuration_seqbert.py",
+    "modeling_seqbert.py",
+    "convert_bert.py",
+    "input_checks.py",
+    "packed_cpu_linears.py",
+    "peft_integration.py",
+    "transformers_compat.py",
+}
 ENCODER_HEADS = {
     "AutoModel": seqbert.SeqBertModel,
     "AutoModelForMaskedLM": seqbert.SeqBertForMaskedLM,
@@ -54,7 +60,7 @@ def test_save_pretrained_writes_the_code_and_every_fitting_auto_class(tmp_path, 
     else:
         model = seqbert.SeqBertForTokenClassification(tiny_config(num_labels=3))
     model.save_pretrained(tmp_path)
-    assert CODE_FILES <= {p.name for p in tmp_path.iterdir()}
+    assert {p.name for p in tmp_path.iterdir() if p.suffix == ".py"} == CODE_FILES
     expected = {**ENCODER_AUTO_MAP, **(SEQ2SEQ_AUTO_MAP if is_encoder_decoder else CAUSAL_LM_AUTO_MAP)}
     assert _auto_map(tmp_path) == expected
     # The copied files are the package's own (nothing edited on the way), and they import each other relatively.
@@ -310,7 +316,7 @@ def _drop_auto_map_entry(folder: Path, auto_class: str) -> None:
 
 def test_push_command_exits_non_zero_on_a_bad_folder(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    command = [sys.executable, str(ROOT / "scripts" / "push_to_hub.py"), "--model_dir", str(tmp_path)]
+    command = [sys.executable, str(SCRIPT_PATHS["push_to_hub.py"]), "--model_dir", str(tmp_path)]
     result = subprocess.run([*command, "--repo_id", "someone/x"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 1
     assert "model_type 'bert', not 'seqbert'" in result.stderr and "Traceback" not in result.stderr

@@ -3,20 +3,14 @@ layers checked against the dequantized product computed in float64 on the real M
 script that measures what int8 costs a fine-tuned classifier."""
 
 import json
-import sys
-from pathlib import Path
 
+import evaluate_int8  # noqa: E402
 import pytest
 import torch
 from transformers import BertForSequenceClassification
 
 import seqbert
 from seqbert.cpu_inference import PackedLinear, onednn_available, quantize_per_tensor_uint8
-
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import evaluate_int8  # noqa: E402
-
 from seqbert.script_utils import ScriptInputError  # noqa: E402
 
 

@@ -52,10 +52,18 @@ def test_wheel_and_sdist_carry_the_template_and_one_version(dist):
     assert {
         "seqbert/hub_card/model_card_template.md",
         "seqbert/modeling_seqbert.py",
+        "seqbert/input_checks.py",
+        "seqbert/packed_cpu_linears.py",
+        "seqbert/peft_integration.py",
+        "seqbert/transformers_compat.py",
         "seqbert/metrics/accuracy.py",
     } <= names
     members = {name.split("/", 1)[1] for name in tarfile.open(sdist).getnames() if "/" in name}
-    assert {"hub_card/model_card_template.md", "scripts/run_classification.py", "src/seqbert/hub.py"} <= members
+    assert {
+        "hub_card/model_card_template.md",
+        "scripts/examples/run_classification.py",
+        "src/seqbert/hub.py",
+    } <= members
 
 
 def test_the_main_job_on_the_installed_wheel_writes_a_card(dist, tmp_path):

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, run_without_seqbert
+from conftest import SCRIPT_PATHS, run_without_seqbert
 from peft import AutoPeftModelForSequenceClassification, LoraConfig, PeftModel, get_peft_model
 from transformers import (
     BertConfig,
@@ -118,7 +118,7 @@ def test_adapter_save_reload_auto_class_and_merge_keep_the_outputs(minilm_path, 
     batch, labels = snippets
     base_dir = tmp_path / "base"
     subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "convert_bert_checkpoint.py"), "--bert_model_name_or_path",
+        [sys.executable, str(SCRIPT_PATHS["convert_bert_checkpoint.py"]), "--bert_model_name_or_path",
          str(minilm_path), "--output_dir", str(base_dir), "--model_class", "SeqBertForSequenceClassification",
          "--num_labels", "2"],
         check=True, capture_output=True,

@@ -3,18 +3,12 @@
 transformers 5 removed the "question-answering" pipeline and never had one for multiple choice: those heads are
 covered by the logit parity tests in test_bert_parity.py."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from convert_bert_checkpoint import ConversionArguments, convert, main  # noqa: E402
 from transformers import pipeline
 
 import seqbert
-
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from convert_bert_checkpoint import ConversionArguments, convert, main  # noqa: E402
 
 
 TOLERANCE = 1e-5
@@ -22,7 +16,7 @@ TOLERANCE = 1e-5
 
 @pytest.fixture(scope="module")
 def converted(bert_checkpoints, tmp_path_factory):
-    """Each BERT checkpoint converted with scripts/convert_bert_checkpoint.py. Returns BERT class name -> folder."""
+    """Each BERT checkpoint converted with scripts/hub/convert_bert_checkpoint.py. Returns BERT class name -> folder."""
     out = {}
     for name, folder in bert_checkpoints.items():
         target = tmp_path_factory.mktemp("seqbert") / name

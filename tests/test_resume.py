@@ -17,8 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
+import run_classification  # noqa: E402
+import run_mlm  # noqa: E402
+import run_seq2seq  # noqa: E402
 import torch
-from conftest import ROOT, tiny_config
+from conftest import ROOT, SCRIPT_PATHS, tiny_config
 from safetensors.torch import load_file
 from transformers import TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
@@ -26,13 +29,6 @@ from transformers.trainer_utils import get_last_checkpoint
 import seqbert
 from seqbert.script_utils import RUN_OUTPUT_FILES, ResumePoint, ScriptInputError
 from seqbert.training import STAGING_DIR, SeqBertTrainer
-
-
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import run_classification  # noqa: E402
-import run_mlm  # noqa: E402
-import run_seq2seq  # noqa: E402
 
 
 # The small-data arguments of conftest's `classification_run` (96 training snippets: 3 steps of 32, one epoch), with a
@@ -47,7 +43,7 @@ RESUME_LINE = "Resuming training from checkpoint "
 
 
 def script_command(output_dir: Path, *args: str) -> list[str]:
-    return [sys.executable, str(ROOT / "scripts" / "run_classification.py"), "--output_dir", str(output_dir), *args]
+    return [sys.executable, str(SCRIPT_PATHS["run_classification.py"]), "--output_dir", str(output_dir), *args]
 
 
 ENV = dict(os.environ, HF_HUB_OFFLINE="1")

@@ -1,4 +1,4 @@
-"""scripts/run_classification.py end to end on the real offline data (a small slice, one epoch): the command line a
+"""scripts/examples/run_classification.py end to end on the real offline data (a small slice, one epoch): the command line a
 user runs, the files it promises, and a model that loads back through the Auto class with the same predictions."""
 
 import json

@@ -1,25 +1,20 @@
-"""scripts/run_mlm.py on the real offline Bible text: the command line a user runs and the files it promises, the data
+"""scripts/examples/run_mlm.py on the real offline Bible text: the command line a user runs and the files it promises, the data
 it builds (held-out chapters, blocks, masking, the on-disk cache), and continued pretraining of the real MiniLM BERT."""
 
 import collections
 import itertools
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
+import run_mlm  # noqa: E402
 import torch
 from huggingface_hub import ModelCard
 from transformers import AutoModelForMaskedLM, AutoTokenizer
 
 import seqbert
 from seqbert.data import group_texts, load_bible_text, minilm_checkpoint_path
-
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-import run_mlm  # noqa: E402
 
 
 TINY_OVERRIDES = "hidden_size=32,num_hidden_layers=2,num_attention_heads=4,intermediate_size=37"

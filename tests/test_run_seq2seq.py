@@ -1,13 +1,11 @@
-"""scripts/run_seq2seq.py end to end on the real offline verse pairs (a small slice), and the data split it uses."""
+"""scripts/examples/run_seq2seq.py end to end on the real offline verse pairs (a small slice), and the data split it uses."""
 
 import json
-import sys
 
 import numpy as np
 import pytest
 import sacrebleu
 import torch
-from conftest import ROOT
 from transformers import AutoModel, AutoModelForSeq2SeqLM, AutoTokenizer
 
 import seqbert
@@ -66,7 +64,6 @@ def test_saved_folder_loads_as_seq2seq_and_as_encoder(seq2seq_run):
 def test_labels_leave_the_decoder_start_token_to_the_decoder_input(tokenizer):
     """BERT's tokenizer opens each target with [CLS], which is also the decoder start: the labels drop it, so the
     decoder reads `[CLS] w1 ... wn` and predicts `w1 ... wn [SEP]` (no "[CLS] follows [CLS]" to learn)."""
-    sys.path.insert(0, str(ROOT / "scripts"))
     import run_seq2seq
 
     pairs = load_bible_pairs()["train"].select(range(4))
@@ -89,7 +86,6 @@ def test_test_verses_are_generated_longest_first_and_returned_in_their_order(tok
     """`predict_longest_first` hands the trainer the test sources (without labels: no teacher-forced loss pass) sorted
     by length, longest first, and puts the predictions back in the dataset's order: here a stand-in trainer
     "predicts" each source's own ids."""
-    sys.path.insert(0, str(ROOT / "scripts"))
     import run_seq2seq
     from transformers.trainer_utils import PredictionOutput
 
@@ -118,7 +114,6 @@ def test_test_verses_are_generated_longest_first_and_returned_in_their_order(tok
 def test_recasing_restores_the_casing_of_a_lower_cased_copy(tokenizer):
     """The King James source, lower-cased and round-tripped through MiniLM's uncased tokenizer (what a model that
     copies perfectly would generate), re-cased by `make_recaser`, scores within 0.5 BLEU of the untouched source."""
-    sys.path.insert(0, str(ROOT / "scripts"))
     import run_seq2seq
 
     pairs = load_bible_pairs()

@@ -19,19 +19,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import pythonbible as bible
-from conftest import ROOT
+import run_classification  # noqa: E402
+import run_mlm  # noqa: E402
+import run_seq2seq  # noqa: E402
+from conftest import ROOT, SCRIPT_PATHS
 from transformers import BertConfig
 
 import seqbert
 from seqbert.data import rotten_tomatoes_path
 from seqbert.script_utils import ScriptInputError, check_data_file, check_max_length, position_limit, run_cli
-
-
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import run_classification  # noqa: E402
-import run_mlm  # noqa: E402
-import run_seq2seq  # noqa: E402
 
 
 MARKER = "written before the run\n"
@@ -120,7 +116,7 @@ def run_case(case: Case, data_dir: Path, root: Path) -> tuple[subprocess.Complet
         output_dir.mkdir(parents=True)
         (output_dir / "marker.txt").write_text(MARKER)
     command = [
-        sys.executable, str(ROOT / "scripts" / case.script), *(arg.format(data=data_dir) for arg in case.args),
+        sys.executable, str(SCRIPT_PATHS[case.script]), *(arg.format(data=data_dir) for arg in case.args),
         "--output_dir", str(output_dir), "--cache_dir", str(root / "cache"),
     ]  # fmt: skip
     env = dict(os.environ, HF_HUB_OFFLINE="1")
@@ -227,7 +223,7 @@ def test_run_cli_prints_input_errors_as_one_line_and_lets_other_errors_through(c
 
 SCRIPTS_WITH_HELP = sorted(
     path.name
-    for path in (ROOT / "scripts").glob("*.py")
+    for path in SCRIPT_PATHS.values()
     if path.name != "load_without_seqbert.py"  # a test helper
     and 'if __name__ == "__main__":' in path.read_text()  # not the modules scripts import (benchmark_engines.py)
 )
@@ -237,7 +233,7 @@ SCRIPTS_WITH_HELP = sorted(
 def test_every_script_says_what_it_does_and_how_long_it_takes(name):
     """The first paragraph of each script's docstring is the start of its --help (`script_parser`): it must say how
     long the default run takes."""
-    source = (ROOT / "scripts" / name).read_text()
+    source = SCRIPT_PATHS[name].read_text()
     first = ast.get_docstring(ast.parse(source)).split("\n\n")[0]
     assert re.search(r"\d+(\.\d+)? (minute|second)s?|seconds", first), first
     assert "script_parser(" in source
@@ -245,7 +241,7 @@ def test_every_script_says_what_it_does_and_how_long_it_takes(name):
 
 @pytest.mark.parametrize("name", ["run_classification.py", "run_seq2seq.py"])
 def test_help_starts_with_the_description(name):
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / name), "--help"], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, str(SCRIPT_PATHS[name]), "--help"], capture_output=True, text=True)
     lines = result.stdout.splitlines()
     assert result.returncode == 0 and lines[0].endswith("[--option value ...]")
     assert "takes about" in " ".join(lines[1:5])

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, run_without_seqbert
+from conftest import SCRIPT_PATHS, run_without_seqbert
 from sentence_transformers import SentenceTransformer
 
 import seqbert
@@ -21,7 +21,7 @@ TOLERANCE = 1e-5
 def converted(minilm_path, tmp_path_factory):
     folder = tmp_path_factory.mktemp("st") / "minilm-seqbert"
     command = [
-        sys.executable, str(ROOT / "scripts" / "convert_bert_checkpoint.py"),
+        sys.executable, str(SCRIPT_PATHS["convert_bert_checkpoint.py"]),
         "--bert_model_name_or_path", str(minilm_path), "--output_dir", str(folder),
     ]  # fmt: skip
     subprocess.run(command, check=True, capture_output=True)
@@ -63,7 +63,7 @@ def test_embeddings_without_seqbert_installed(minilm_path, converted, rt_texts, 
 def test_a_plain_bert_checkpoint_gets_no_sentence_transformers_files(bert_checkpoints, tmp_path):
     folder = tmp_path / "plain"
     command = [
-        sys.executable, str(ROOT / "scripts" / "convert_bert_checkpoint.py"), "--bert_model_name_or_path",
+        sys.executable, str(SCRIPT_PATHS["convert_bert_checkpoint.py"]), "--bert_model_name_or_path",
         str(bert_checkpoints["BertForMaskedLM"]), "--output_dir", str(folder), "--model_class", "SeqBertModel",
     ]  # fmt: skip
     subprocess.run(command, check=True, capture_output=True)

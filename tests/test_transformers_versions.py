@@ -1,22 +1,18 @@
 """Saved SeqBERT folders on the oldest supported transformers release, 5.0.0, in a virtual environment that holds only
 torch and transformers (no seqbert): every encoder head, the causal LM and the seq2seq model (forward, greedy and
 beam-4 `generate`) and a Trainer checkpoint give exactly this environment's outputs. On transformers 4.x loading stops
-with SeqBERT's one-line message. The environments are built once by scripts/check_transformers_versions.py (which
+with SeqBERT's one-line message. The environments are built once by scripts/checks/check_transformers_versions.py (which
 checks every release) and cached in ~/.cache/seqbert/venvs; without the package index the tests skip unless both are
 cached there."""
 
-import sys
 from pathlib import Path
 
+import check_transformers_versions  # noqa: E402
 import pytest
-from conftest import ROOT, skip_module_without_package_index
+from conftest import skip_module_without_package_index
 
 import seqbert
 from seqbert.configuration_seqbert import MIN_TRANSFORMERS_VERSION, check_transformers_version
-
-
-sys.path.insert(0, str(ROOT / "scripts"))
-import check_transformers_versions  # noqa: E402
 
 
 VENV_ROOT = Path.home() / ".cache" / "seqbert" / "venvs"
@@ -26,7 +22,7 @@ RELEASES = (MIN_TRANSFORMERS_VERSION, "4.57.6")
 if not all(check_transformers_versions.is_built(VENV_ROOT, version) for version in RELEASES):
     skip_module_without_package_index(
         f"the transformers {' and '.join(RELEASES)} environments",
-        f"python scripts/check_transformers_versions.py --versions {' '.join(RELEASES)}",
+        f"python scripts/checks/check_transformers_versions.py --versions {' '.join(RELEASES)}",
     )
 
 

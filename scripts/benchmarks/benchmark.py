@@ -3,14 +3,14 @@
 inference, all holding identical weights, in one process, interleaved. The default run takes about 30 minutes on 2
 CPU cores.
 
-    python scripts/benchmark.py [--repeats 3] [--threads 1 2] [--json_file benchmark.json] [--chart_file benchmark.png]
+    python scripts/benchmarks/benchmark.py [--repeats 3] [--threads 1 2] [--json_file benchmark.json] [--chart_file benchmark.png]
 
 It needs the `train` and `integrations` extras (`pip install -e ".[train,integrations]"`: onnx, onnxruntime,
 CTranslate2, OpenVINO).
 
 Inference (fp32 unless named int8, `torch.inference_mode`), at each of `--threads` (every engine alike):
 
-- engines (`scripts/benchmark_engines.py`): transformers' `BertModel` (sdpa; the reference of every delta), torch's
+- engines (`scripts/benchmarks/benchmark_engines.py`): transformers' `BertModel` (sdpa; the reference of every delta), torch's
   `nn.TransformerEncoder` fast path over nested tensors, onnxruntime (the exported `BertModel` fused by onnxruntime's
   BERT optimizer), OpenVINO (f32), CTranslate2 (float32), seqbert's `SeqBertModel` (the default eager model) and
   `seqbert.optimize_for_cpu_inference` of it; in int8, onnxruntime's dynamic quantization of the fused graph,
@@ -29,13 +29,13 @@ Training and generation, at all cores:
   its own optimizer: `Trainer`'s default, fused AdamW;
 - `seq2seq_training`: the same steps for transformers' `EncoderDecoderModel` (MiniLM BERT2BERT) and the
   `SeqBertForConditionalGeneration` converted from it (identical weights and computation, dropout 0), on King James ->
-  World English verse pairs in batches of 8 (`DataCollatorForSeq2Seq`), as `scripts/run_seq2seq.py` trains;
+  World English verse pairs in batches of 8 (`DataCollatorForSeq2Seq`), as `scripts/examples/run_seq2seq.py` trains;
 - `padding_free_mlm_training`: masked-LM training steps of one model (`SeqBertForMaskedLM`, bert-base width, 4
   layers, dropout 0) on the same masked snippets, padded per batch ("reference") or packed into one row per batch
   without padding (`DataCollatorWithFlattening`, "seqbert"): what `run_mlm.py --padding_free` buys over
   `--line_by_line`. The masks are drawn once, so both see the same tokens and the losses agree;
 - `generation`: greedy and beam-4, 32 new tokens, MiniLM-size BERT2BERT (`EncoderDecoderModel` vs
-  `SeqBertForConditionalGeneration`), batch 8 (`scripts/benchmark_generation.py`, cached rows);
+  `SeqBertForConditionalGeneration`), batch 8 (`scripts/benchmarks/benchmark_generation.py`, cached rows);
 - `training_memory`: peak RSS during the training step (the real-length batches, once), one fresh process per model,
   with the peak reset after the model, optimizer and batches are built (`VmHWM` of /proc/self/status).
 

@@ -1,6 +1,6 @@
 """
 The engines a user could run instead of seqbert for BERT inference on a CPU, each built from the same BERT
-checkpoint, for `scripts/benchmark.py`. Every engine is an `Engine`: called on a `batch` (`input_ids`,
+checkpoint, for `scripts/benchmarks/benchmark.py`. Every engine is an `Engine`: called on a `batch` (`input_ids`,
 `token_type_ids` and `attention_mask`, (B, L) tensors) it returns the last hidden state (B, L, H) as an fp32
 `torch.Tensor`, with whatever the engine leaves at padding positions, so compare on real tokens only. For timing,
 `Engine.prepare(batch)` turns the batch into the engine's own input once (numpy arrays, CTranslate2's ragged id lists,

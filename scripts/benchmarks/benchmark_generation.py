@@ -8,7 +8,7 @@ The model is the MiniLM BERT2BERT warm start (6 + 6 layers, hidden 384) with its
 the table shows medians. Token ids of seqbert and the reference are compared on every run.
 
 Usage:
-    python scripts/benchmark_generation.py [--batch_size 8] [--new_tokens 32] [--repeats 3] [--json_file out.json]
+    python scripts/benchmarks/benchmark_generation.py [--batch_size 8] [--new_tokens 32] [--repeats 3] [--json_file out.json]
 """
 
 import json

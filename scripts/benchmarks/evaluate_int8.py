@@ -4,8 +4,8 @@
 the fp32 `optimize_for_cpu_inference(model)`, on the 2,000 held-out Rotten Tomatoes snippets (offline). About 1 minute
 on 2 CPU cores.
 
-    python scripts/run_classification.py --output_dir runs/rt_minilm
-    python scripts/evaluate_int8.py --model_dir runs/rt_minilm [--json_file int8.json]
+    python scripts/examples/run_classification.py --output_dir runs/rt_minilm
+    python scripts/benchmarks/evaluate_int8.py --model_dir runs/rt_minilm [--json_file int8.json]
 
 The int8 model is the one the int8 guide gives a user, `from_pretrained` then one call:
 

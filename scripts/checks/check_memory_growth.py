@@ -22,7 +22,7 @@ scattered batches seen (measured on 2 cores: +41 % in 2,000 encoder forwards, ne
 `malloc_trim` returns, against +4.1 % trimmed). Without glibc the check is on the RSS as it is. Both are printed.
 
 Usage:
-    python scripts/check_memory_growth.py [--generate_calls 2000] [--encoder_calls 2000] [--json_file memory.json]
+    python scripts/checks/check_memory_growth.py [--generate_calls 2000] [--encoder_calls 2000] [--json_file memory.json]
 """
 
 import ctypes

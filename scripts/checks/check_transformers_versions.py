@@ -5,12 +5,12 @@ compared to this environment's. The default run (27 releases) took 13 minutes on
 part of the environments already built; each environment built afresh adds the install time of transformers and its
 dependencies (torch is installed once and shared).
 
-    python scripts/check_transformers_versions.py                       # the default releases, reference folders
-    python scripts/check_transformers_versions.py --versions 5.0.0 5.4.0 --folders runs/rt_minilm runs/rt_minilm/checkpoint-250
+    python scripts/checks/check_transformers_versions.py                       # the default releases, reference folders
+    python scripts/checks/check_transformers_versions.py --versions 5.0.0 5.4.0 --folders runs/rt_minilm runs/rt_minilm/checkpoint-250
 
 Without `--folders` it writes reference folders first: the MiniLM checkpoint in every encoder head (heads seeded),
 the causal LM and the BERT2BERT seq2seq model, plus a Trainer checkpoint of a two-step classifier run. Each folder
-then gets the jobs of `scripts/load_without_seqbert.py`: a forward pass on real Rotten Tomatoes snippets (token ids
+then gets the jobs of `scripts/hub/load_without_seqbert.py`: a forward pass on real Rotten Tomatoes snippets (token ids
 below the folder's vocabulary size), and for generating models greedy and beam-4 `generate`. The same jobs run here
 first, in a process without seqbert, and every release must reproduce those tensors exactly.
 
@@ -40,8 +40,8 @@ from safetensors.torch import load_file, save_file
 from seqbert.script_utils import script_parser
 
 
-ROOT = Path(__file__).resolve().parents[1]
-RUNNER = ROOT / "scripts" / "load_without_seqbert.py"
+ROOT = Path(__file__).resolve().parents[2]
+RUNNER = ROOT / "scripts" / "hub" / "load_without_seqbert.py"
 # The newest patch of every 5.x minor release up to the one this project is developed with, and three 4.x releases
 # (which must stop with SeqBERT's one-line message).
 DEFAULT_VERSIONS = [

@@ -9,8 +9,8 @@ same small SeqBERT masked-LM (same size, data, steps, seed and masking) through 
 with `--norm_placement pre` and once with `--norm_placement post`, with a high peak learning rate and no warm-up,
 then draws both training-loss curves in one figure:
 
-    python scripts/compare_norm_placement.py
-    python scripts/compare_norm_placement.py --output_dir runs/norm_placement --learning_rate 5e-3 --max_steps 400
+    python scripts/checks/compare_norm_placement.py
+    python scripts/checks/compare_norm_placement.py --output_dir runs/norm_placement --learning_rate 5e-3 --max_steps 400
 
 Defaults: 12 layers of hidden size 128 (the problem grows with depth; at 4 layers the two placements trained alike in
 short probes), learning rate 3e-3 with linear decay and 0 warm-up steps, 250 steps of 16 blocks of 128 tokens of the
@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # run_mlm.py sits next to this script
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))  # run_mlm.py, the example job
 
 import run_mlm  # noqa: E402
 

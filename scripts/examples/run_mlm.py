@@ -7,22 +7,22 @@ it runs fully offline: a small pre-LN `SeqBertForMaskedLM` (4 layers, hidden 128
 vocabulary of 30,522) trained from scratch on the King James and World English Bible verse text of the `pythonbible`
 packages, with 25 whole chapters (both versions) held out for validation (see `seqbert.data.load_bible_text`):
 
-    python scripts/run_mlm.py --output_dir runs/mlm_bible
+    python scripts/examples/run_mlm.py --output_dir runs/mlm_bible
 
 Multi-process (DDP, one process per GPU; on a machine without GPU add `--use_cpu` for CPU processes with the gloo
 backend):
 
-    torchrun --nproc_per_node 2 scripts/run_mlm.py --output_dir runs/mlm_bible
-    torchrun --nproc_per_node 2 scripts/run_mlm.py --use_cpu --output_dir runs/mlm_bible
+    torchrun --nproc_per_node 2 scripts/examples/run_mlm.py --output_dir runs/mlm_bible
+    torchrun --nproc_per_node 2 scripts/examples/run_mlm.py --use_cpu --output_dir runs/mlm_bible
 
 Other sizes, the post-LN variant, continued pretraining (a BERT checkpoint is converted to SeqBERT; a SeqBERT folder
 loads as is), your own data:
 
-    python scripts/run_mlm.py --config_overrides "hidden_size=256,num_hidden_layers=6,intermediate_size=1024" \\
+    python scripts/examples/run_mlm.py --config_overrides "hidden_size=256,num_hidden_layers=6,intermediate_size=1024" \\
         --norm_placement post --output_dir runs/mlm_post
-    python scripts/run_mlm.py --model_name_or_path bert-base-uncased --dataset_name Salesforce/wikitext \\
+    python scripts/examples/run_mlm.py --model_name_or_path bert-base-uncased --dataset_name Salesforce/wikitext \\
         --dataset_config_name wikitext-2-raw-v1 --learning_rate 5e-5 --output_dir runs/mlm_bert
-    python scripts/run_mlm.py --model_name_or_path path/to/seqbert_folder --train_file corpus.txt \\
+    python scripts/examples/run_mlm.py --model_name_or_path path/to/seqbert_folder --train_file corpus.txt \\
         --validation_split_percentage 5 --output_dir runs/mine
 
 Texts are tokenized (with `[CLS]`/`[SEP]` around each), concatenated and cut into blocks of `--max_seq_length` tokens
@@ -31,7 +31,7 @@ data and tokenizer starts training at once. With `--line_by_line` each text is a
 `--max_seq_length`), padded to the longest of its batch; `--padding_free` packs a batch's texts into one row instead,
 without padding (`DataCollatorWithFlattening`: positions restart at each text, and SeqBERT attends within each text):
 
-    python scripts/run_mlm.py --padding_free --output_dir runs/mlm_bible_packed `DataCollatorForLanguageModeling` picks 15% of the non-special tokens of
+    python scripts/examples/run_mlm.py --padding_free --output_dir runs/mlm_bible_packed `DataCollatorForLanguageModeling` picks 15% of the non-special tokens of
 each batch (`--mlm_probability`) and replaces 80% of those by `[MASK]`, 10% by a random token and leaves 10%
 unchanged; the loss is taken on the picked tokens only.
 
@@ -44,7 +44,7 @@ frequencies of the training tokens (`--unigram_bias_init`). The whole command ta
 `trust_remote_code=True` users), `all_results.json` (`eval_loss`, `eval_perplexity` = exp(eval_loss), `eval_accuracy`
 on the masked tokens, `eval_unigram_perplexity` of the context-free baseline, `train_runtime`, ...),
 `trainer_state.json`, `loss_curve.png` and the model card `README.md` (from `seqbert_run.json`): it is ready for
-`scripts/push_to_hub.py`.
+`scripts/hub/push_to_hub.py`.
 """
 
 import itertools
@@ -71,23 +71,24 @@ from transformers.trainer_utils import IntervalStrategy
 import seqbert
 from seqbert.configuration_seqbert import NORM_PLACEMENTS
 from seqbert.data import group_texts, load_bible_text, minilm_checkpoint_path, tokenize_texts
-from seqbert.hub import command_line, hub_base_model, training_recipe, write_model_card
+from seqbert.hub import command_line, hub_base_model, training_recipe
 from seqbert.metrics import ACCURACY_PATH
-from seqbert.plots import save_loss_curve
 from seqbert.script_utils import (
     DATA_FILE_EXTENSIONS,
+    DataSourceArguments,
     ResumePoint,
     ScriptInputError,
     ScriptTrainingDefaults,
     check_columns,
-    check_data_file,
     check_distributed_launch,
     check_fsdp,
     check_max_length,
     check_splits,
+    finish_run,
     load_config,
     load_data_files,
     load_tokenizer,
+    log_and_save_metrics,
     parse_arguments,
     resume_point,
     reuse_freed_memory,
@@ -167,14 +168,13 @@ class ModelArguments:
 
 
 @dataclass
-class DataArguments:
+class DataArguments(DataSourceArguments):
     """Which text to train and evaluate on. With none of `dataset_name`, `train_file`, `validation_file`, the offline
     King James + World English Bible verse text of `seqbert.data.load_bible_text`."""
 
     dataset_name: str | None = field(
         default=None, metadata={"help": "Hub dataset name for `datasets.load_dataset`, e.g. Salesforce/wikitext"}
     )
-    dataset_config_name: str | None = field(default=None, metadata={"help": "Configuration name of `dataset_name`."})
     train_file: str | None = field(default=None, metadata={"help": "A txt (one text a line), csv or json(l) file."})
     validation_file: str | None = field(default=None, metadata={"help": "A txt, csv or json(l) file to evaluate on."})
     text_column: str = field(default="text", metadata={"help": "Column holding the text (txt files: `text`)."})
@@ -206,18 +206,11 @@ class DataArguments:
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenization."})
     overwrite_cache: bool = field(default=False, metadata={"help": "Tokenize again instead of reading the cache."})
 
+    FILE_EXTENSIONS = ("txt", *DATA_FILE_EXTENSIONS)
+
     def __post_init__(self):
-        if self.dataset_name is not None and (self.train_file is not None or self.validation_file is not None):
-            raise ValueError(
-                f"dataset_name ({self.dataset_name!r}) cannot be combined with train_file ({self.train_file!r}) or "
-                f"validation_file ({self.validation_file!r}): give either a Hub dataset or local files"
-            )
-        extensions = set()
-        for name in ("train_file", "validation_file"):
-            path = getattr(self, name)
-            check_data_file(name, path, extensions=("txt", *DATA_FILE_EXTENSIONS))
-            if path is not None:
-                extensions.add(path.rsplit(".", 1)[-1])
+        super().__post_init__()
+        extensions = {path.rsplit(".", 1)[-1] for path in (self.train_file, self.validation_file) if path is not None}
         if len(extensions) > 1:
             raise ValueError(
                 f"train_file ({self.train_file!r}) and validation_file ({self.validation_file!r}) must have the same "
@@ -231,9 +224,6 @@ class DataArguments:
             raise ValueError(f"max_seq_length ({self.max_seq_length}) must be >= 2")
         if not 0 < self.mlm_probability < 1:
             raise ValueError(f"mlm_probability ({self.mlm_probability}) must be in (0, 1) exclusive")
-        for name in ("max_train_samples", "max_eval_samples"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name} ({getattr(self, name)}) must be >= 1")
         self.line_by_line = self.line_by_line or self.padding_free
 
 
@@ -545,7 +535,7 @@ def card_info(model_args, data_args, training_args, model, metrics: dict, steps:
     return {
         "model_name": os.path.basename(os.path.normpath(training_args.output_dir)),
         "summary": (
-            f"{origin} on {dataset['name']} with seqbert's `scripts/run_mlm.py`. Perplexity is exp(mean cross-entropy) "
+            f"{origin} on {dataset['name']} with seqbert's `scripts/examples/run_mlm.py`. Perplexity is exp(mean cross-entropy) "
             "over the masked tokens of the validation blocks."
         ),
         "dataset": dataset,
@@ -716,23 +706,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         metrics.update(eval_samples=len(eval_dataset), eval_perplexity=perplexity(metrics["eval_loss"]))
         if log_probs is not None:
             metrics["eval_unigram_perplexity"] = unigram_perplexity(log_probs, eval_dataset)
-        trainer.log_metrics("eval", metrics)
-        trainer.save_metrics("eval", metrics)
-        all_metrics.update(metrics)
+        all_metrics.update(log_and_save_metrics(trainer, "eval", metrics))
 
-    if trainer.is_world_process_zero():
-        loss_curve = os.path.join(training_args.output_dir, "loss_curve.png")
-        save_loss_curve(trainer.state.log_history, loss_curve, ylabel="masked-LM cross-entropy (nats)")
-        logger.info(f"Loss curve written to {loss_curve}")
-        if training_args.do_train:
-            info = card_info(model_args, data_args, training_args, model, all_metrics, trainer.state.global_step)
-            logger.info(f"Model card written to {write_model_card(training_args.output_dir, info)}")
-        summary = ", ".join(
-            f"{key} = {all_metrics[key]:.4g}"
-            for key in ("eval_loss", "eval_perplexity", "eval_unigram_perplexity")
-            if key in all_metrics
-        )
-        print(f"Done: {summary or 'no evaluation'}; model, metrics and loss curve in {training_args.output_dir}")
+    finish_run(
+        trainer,
+        all_metrics,
+        lambda: card_info(model_args, data_args, training_args, model, all_metrics, trainer.state.global_step),
+        summary_keys=["eval_loss", "eval_perplexity", "eval_unigram_perplexity"],
+        ylabel="masked-LM cross-entropy (nats)",
+    )
     return all_metrics
 
 

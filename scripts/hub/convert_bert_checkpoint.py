@@ -9,8 +9,8 @@ SeqBertForMaskedLM, BertLMHeadModel -> SeqBertForCausalLM, BertForSequenceClassi
 SeqBertForSequenceClassification, ...), unless `--model_class` names one.
 
 Usage:
-    python scripts/convert_bert_checkpoint.py --bert_model_name_or_path bert-base-uncased --output_dir seqbert-base-uncased
-    python scripts/convert_bert_checkpoint.py --bert_model_name_or_path path/to/bert_folder --output_dir out \
+    python scripts/hub/convert_bert_checkpoint.py --bert_model_name_or_path bert-base-uncased --output_dir seqbert-base-uncased
+    python scripts/hub/convert_bert_checkpoint.py --bert_model_name_or_path path/to/bert_folder --output_dir out \
         --model_class SeqBertForSequenceClassification --num_labels 2
 """
 

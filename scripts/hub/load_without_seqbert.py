@@ -1,9 +1,9 @@
 """Load saved SeqBERT folders the way a Hub user does: `trust_remote_code=True`, with seqbert NOT importable.
 
 Run in a separate process by the tests (tests/conftest.py `run_without_seqbert`) and, with other transformers
-releases, by scripts/check_transformers_versions.py:
+releases, by scripts/checks/check_transformers_versions.py:
 
-    python scripts/load_without_seqbert.py JOBS.json OUTPUT.safetensors
+    python scripts/hub/load_without_seqbert.py JOBS.json OUTPUT.safetensors
 
 It needs only torch and transformers (sentence-transformers and peft for the `embed` and `lora` jobs, accelerate for
 `resume`).

@@ -2,8 +2,8 @@
 """Check a SeqBERT model folder and upload it to the Hugging Face Hub, for users with only torch and transformers.
 The checks take seconds; the upload as long as the network needs for the weights.
 
-    python scripts/push_to_hub.py --model_dir runs/rt_minilm --repo_id USER/NAME [--private] [--revision BRANCH]
-    python scripts/push_to_hub.py --model_dir runs/rt_minilm --repo_id USER/NAME --dry_run
+    python scripts/hub/push_to_hub.py --model_dir runs/rt_minilm --repo_id USER/NAME [--private] [--revision BRANCH]
+    python scripts/hub/push_to_hub.py --model_dir runs/rt_minilm --repo_id USER/NAME --dry_run
 
 The folder must hold what `trust_remote_code=True` loading needs (see `seqbert.hub.validate_model_folder`): a SeqBERT
 `config.json` with a complete `auto_map`, the code files it names, safetensors weights, a tokenizer and the model card

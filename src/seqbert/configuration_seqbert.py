@@ -16,7 +16,7 @@ from transformers import PretrainedConfig
 # folders record it in config.json as `seqbert_version`.
 SEQBERT_VERSION = "0.2.0"
 # The oldest transformers release SeqBERT's code runs on; folders are checked against each 5.x release
-# (scripts/check_transformers_versions.py).
+# (scripts/checks/check_transformers_versions.py).
 MIN_TRANSFORMERS_VERSION = "5.0.0"
 
 
@@ -103,7 +103,7 @@ class SeqBertConfig(PretrainedConfig):
 
     Defaults are the bert-base sizes with pre-LayerNorm layers (`norm_placement="pre"`), the placement that
     trains stably without warm-up (Xiong et al. 2020, "On Layer Normalization in the Transformer
-    Architecture"). Use [`SeqBertConfig.from_bert_config`] for the post-LayerNorm equivalent of a BERT
+    Architecture"). Use `SeqBertConfig.from_bert_config` for the post-LayerNorm equivalent of a BERT
     checkpoint.
 
     Args:

@@ -1,6 +1,6 @@
 """Read a BERT or BERT2BERT checkpoint (Hub name or local folder) and rename its weights to SeqBERT's.
 
-Used by `SeqBertPreTrainedModel.from_bert_pretrained` and `scripts/convert_bert_checkpoint.py`. It is copied next
+Used by `SeqBertPreTrainedModel.from_bert_pretrained` and `scripts/hub/convert_bert_checkpoint.py`. It is copied next
 to `modeling_seqbert.py` into saved model folders, so it imports only torch and transformers.
 
 BERT body name (after an optional `bert.` prefix)       SeqBERT name ({P} = `seqbert.` or `decoder.`, see below)
@@ -237,7 +237,7 @@ def warm_start_state_dict(
     cross-attention starts as a copy of the same BERT layer's self-attention (query, key, value, output projection
     and its LayerNorm): decoder queries then meet encoder keys in the space BERT's own attention learned, so the
     decoder can attend to the source from the first step. This initialisation is seqbert's own (Rothe et al. leave
-    cross-attention random; we know of no published source); README's seq2seq ablation measures it. With
+    cross-attention random; we know of no published source); the seq2seq ablation in the docs (Benchmarks and measured results) measures it. With
     `"random"`, cross-attention is left out of the state dict, so `from_pretrained` initialises it at random and
     reports it as missing, exactly as BERT2BERT does.
 
@@ -717,7 +717,7 @@ def load_bert_as_seqbert_state_dict(
             overrides = {
                 **_special_token_defaults(name_or_path, overrides, **hub_kwargs),
                 "is_encoder_decoder": True,
-                "cross_attention_source": "same_layer",  # README's seq2seq ablation; "last_layer" is BERT2BERT's
+                "cross_attention_source": "same_layer",  # the docs' seq2seq ablation; "last_layer" is BERT2BERT's
                 **overrides,
             }
         config = SeqBertConfig.from_bert_config(source_config, **overrides)

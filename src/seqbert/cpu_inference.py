@@ -282,8 +282,8 @@ def optimize_for_cpu_inference(model: SeqBertPreTrainedModel, int8: bool = False
 
     fp32 results differ from the eager model in the last bits (oneDNN sums in another order): within 1e-5 of BERT's
     hidden states on real text. With `int8=True` the encoder's linear layers compute in int8 (weights per output
-    feature, activations per call; see `PackedLinear`), which moves hidden states as int8 does (`scripts/
-    evaluate_int8.py` measures the accuracy a fine-tuned classifier keeps).
+    feature, activations per call; see `PackedLinear`), which moves hidden states as int8 does
+    (`scripts/benchmarks/evaluate_int8.py` measures the accuracy a fine-tuned classifier keeps).
 
     The copy is for inference: its parameters do not require grad, and the packed weights are taken now, so changing
     the copy's weights afterwards is not seen by the packed layers; optimize again instead. `save_pretrained` of the

@@ -1,4 +1,4 @@
-"""Hub-ready model folders: the model card, and the checks `scripts/push_to_hub.py` runs before uploading.
+"""Hub-ready model folders: the model card, and the checks `scripts/hub/push_to_hub.py` runs before uploading.
 
 A folder is ready to push when it holds what a user with only `torch` and `transformers` needs:
 

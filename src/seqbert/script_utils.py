@@ -13,6 +13,7 @@ import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import datasets
 import torch
@@ -22,6 +23,8 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import SaveStrategy, get_last_checkpoint
 from transformers.training_args import ParallelMode
 
+from .hub import write_model_card
+from .plots import save_loss_curve
 from .training import STAGING_DIR
 
 
@@ -190,7 +193,7 @@ def reuse_freed_memory(threshold: int = 1 << 30) -> bool:
 
 def setup_logging(training_args: TrainingArguments, logger: logging.Logger) -> None:
     """Log to stdout at the process's log level (`--log_level`, quieter on non-main ranks), for the script's
-    `logger`, transformers and datasets, as transformers' example scripts do."""
+    `logger`, the shared helpers here, transformers and datasets, as transformers' example scripts do."""
     logging.basicConfig(
         format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
         datefmt="%m/%d/%Y %H:%M:%S",
@@ -198,6 +201,7 @@ def setup_logging(training_args: TrainingArguments, logger: logging.Logger) -> N
     )
     log_level = training_args.get_process_log_level()
     logger.setLevel(log_level)
+    logging.getLogger(__name__).setLevel(log_level)
     datasets.utils.logging.set_verbosity(log_level)
     transformers.utils.logging.set_verbosity(log_level)
     transformers.utils.logging.enable_default_handler()
@@ -237,7 +241,7 @@ def check_fsdp(trainer) -> None:
         raise ValueError(
             f"{asked} was given, but accelerate set up {trainer.accelerator.distributed_type.value} "
             "instead of FSDP: FSDP needs several accelerator processes (e.g. `accelerate launch --config_file "
-            "scripts/accelerate/fsdp.yaml ...` on GPUs); on CPU use DDP (torchrun ... --use_cpu) without --fsdp"
+            "scripts/examples/accelerate/fsdp.yaml ...` on GPUs); on CPU use DDP (torchrun ... --use_cpu) without --fsdp"
         )
 
 
@@ -417,6 +421,39 @@ def train_and_save(trainer, train_dataset, start: ResumePoint) -> dict[str, floa
     return metrics
 
 
+def log_and_save_metrics(trainer, split: str, metrics: dict[str, float]) -> dict[str, float]:
+    """Log `metrics` and write them to `output_dir/{split}_results.json` (merged into `all_results.json`), as
+    transformers' example scripts do after each stage. Returns `metrics`."""
+    trainer.log_metrics(split, metrics)
+    trainer.save_metrics(split, metrics)
+    return metrics
+
+
+def finish_run(
+    trainer,
+    metrics: dict[str, float],
+    card_info: Callable[[], dict],
+    summary_keys: list[str],
+    number_format: str = ".4g",
+    ylabel: str = "cross-entropy loss",
+) -> None:
+    """
+    The end of every training script, on the main process only: `output_dir/loss_curve.png` from the trainer's log
+    history, the model card `README.md` from `card_info()` when the run trained, and one `Done: ...` line on stdout
+    with the `summary_keys` of `metrics` that the run computed.
+    """
+    if not trainer.is_world_process_zero():
+        return
+    output_dir = trainer.args.output_dir
+    loss_curve = os.path.join(output_dir, "loss_curve.png")
+    save_loss_curve(trainer.state.log_history, loss_curve, ylabel=ylabel)
+    logger.info(f"Loss curve written to {loss_curve}")
+    if trainer.args.do_train:
+        logger.info(f"Model card written to {write_model_card(output_dir, card_info())}")
+    summary = ", ".join(f"{key} = {metrics[key]:{number_format}}" for key in summary_keys if key in metrics)
+    print(f"Done: {summary or 'no scores computed'}; model, metrics and loss curve in {output_dir}")
+
+
 def _load_pretrained(auto_class, what: str, argument: str, name_or_path: str, cache_dir: str | None):
     """`auto_class.from_pretrained(name_or_path)`, with transformers' failure turned into a `ScriptInputError` that
     names the argument `argument` and quotes transformers' reason."""
@@ -471,6 +508,50 @@ def check_data_file(name: str, path: str | None, extensions: tuple[str, ...] = D
         raise ScriptInputError(f"{name} ({path!r}) {problem}: give the path of an existing {allowed} file")
     if os.path.getsize(path) == 0:
         raise ScriptInputError(f"{name} ({path!r}) is empty: it must hold at least one example")
+
+
+@dataclass
+class DataSourceArguments:
+    """
+    The data fields the training scripts share: a Hub dataset or local files (never both), and each split cut to its
+    first N examples. Each script subclasses it with its own columns and lengths (a subclass may redefine a field to
+    reword its help); `__post_init__` checks the shared fields, and a subclass that adds checks calls it first.
+
+    Raises:
+        ValueError: `dataset_name` given together with a data file, or a `max_*_samples` below 1 (argparse
+            reports it as a usage error naming the argument).
+        ScriptInputError: a data file that is missing, empty, or has another extension (`check_data_file`).
+    """
+
+    dataset_name: str | None = field(default=None, metadata={"help": "Hub dataset name for `datasets.load_dataset`."})
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Configuration name of `dataset_name`."})
+    train_file: str | None = field(default=None, metadata={"help": "A csv or json(l) file of training examples."})
+    validation_file: str | None = field(
+        default=None, metadata={"help": "A csv or json(l) file of validation examples."}
+    )
+    max_train_samples: int | None = field(default=None, metadata={"help": "Keep only the first N training examples."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Keep only the first N validation examples."})
+
+    # The data file fields and the `max_*_samples` fields of the script, and the extensions its files may have.
+    FILE_FIELDS: ClassVar[tuple[str, ...]] = ("train_file", "validation_file")
+    SAMPLE_FIELDS: ClassVar[tuple[str, ...]] = ("max_train_samples", "max_eval_samples")
+    FILE_EXTENSIONS: ClassVar[tuple[str, ...]] = DATA_FILE_EXTENSIONS
+
+    def __post_init__(self):
+        files = {name: getattr(self, name) for name in self.FILE_FIELDS}
+        if self.dataset_name is not None and any(path is not None for path in files.values()):
+            given = ", ".join(f"{name} ({path!r})" for name, path in files.items() if path is not None)
+            raise ValueError(
+                f"dataset_name ({self.dataset_name!r}) cannot be combined with {given}: give either a Hub dataset or "
+                "local files"
+            )
+        for name, path in files.items():
+            check_data_file(name, path, extensions=self.FILE_EXTENSIONS)
+        stages = " / ".join(f"--{name.replace('max_', 'do_').replace('_samples', '')}" for name in self.SAMPLE_FIELDS)
+        for name in self.SAMPLE_FIELDS:
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} ({value}) must be >= 1 (to skip a stage, use {stages} False)")
 
 
 def load_data_files(files: dict[str, str], cache_dir: str | None = None) -> datasets.DatasetDict:
