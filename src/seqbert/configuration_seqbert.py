@@ -14,7 +14,7 @@ from transformers import PretrainedConfig
 
 # The seqbert release; the package's version (pyproject.toml reads it here, `seqbert.__version__` is it), and saved
 # folders record it in config.json as `seqbert_version`.
-SEQBERT_VERSION = "0.2.0"
+SEQBERT_VERSION = "0.3.0"
 # The oldest transformers release SeqBERT's code runs on; folders are checked against each 5.x release
 # (scripts/checks/check_transformers_versions.py).
 MIN_TRANSFORMERS_VERSION = "5.0.0"
