@@ -15,7 +15,7 @@ import zipfile
 
 import build
 import pytest
-from conftest import ROOT, package_index_reachable
+from conftest import ROOT, SCRIPT_PATHS, package_index_reachable
 from huggingface_hub import ModelCard
 
 import seqbert
@@ -81,7 +81,7 @@ def test_the_main_job_on_the_installed_wheel_writes_a_card(dist, tmp_path):
         f"sys.path.insert(0, {str(target)!r}); "
         "import seqbert; "
         f"assert seqbert.__file__.startswith({str(target)!r}), seqbert.__file__; "
-        f"sys.argv = [{str(ROOT / 'scripts' / 'run_classification.py')!r}] + sys.argv[1:]; "
+        f"sys.argv = [{str(SCRIPT_PATHS['run_classification.py'])!r}] + sys.argv[1:]; "
         "runpy.run_path(sys.argv[0], run_name='__main__')"
     )
     output_dir = tmp_path / "run"
