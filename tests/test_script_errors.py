@@ -239,6 +239,14 @@ def test_every_script_says_what_it_does_and_how_long_it_takes(name):
     assert "script_parser(" in source
 
 
+@pytest.mark.parametrize("name", SCRIPTS_WITH_HELP)
+def test_every_script_prints_its_help(name):
+    """argparse %-formats each help text: a bare % in one (check_memory_growth.py had one) broke --help."""
+    result = subprocess.run([sys.executable, str(SCRIPT_PATHS[name]), "--help"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: ")
+
+
 @pytest.mark.parametrize("name", ["run_classification.py", "run_seq2seq.py"])
 def test_help_starts_with_the_description(name):
     result = subprocess.run([sys.executable, str(SCRIPT_PATHS[name]), "--help"], capture_output=True, text=True)

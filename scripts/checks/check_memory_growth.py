@@ -28,7 +28,6 @@ Usage:
 import ctypes
 import ctypes.util
 import gc
-import json
 import random
 import sys
 import time
@@ -41,7 +40,7 @@ from transformers import AutoTokenizer
 
 import seqbert
 from seqbert.data import load_bible_pairs, load_rotten_tomatoes, minilm_checkpoint_path
-from seqbert.script_utils import ScriptInputError, parse_arguments, run_cli, script_parser
+from seqbert.script_utils import ScriptInputError, parse_arguments, run_cli, script_parser, write_json
 
 
 MIB = 2**20
@@ -70,7 +69,7 @@ class MemoryArguments:
     )
     report_every: int = field(default=250, metadata={"help": "Read and print the RSS every N calls of a phase."})
     max_growth_percent: float = field(
-        default=5.0, metadata={"help": "Largest allowed growth of RSS from the reference to the end of a phase, in %."}
+        default=5.0, metadata={"help": "Largest allowed growth of RSS from the reference to the end of a phase, in %%."}
     )
     seed: int = field(default=0, metadata={"help": "Seed of the drawn batches and of sampling."})
     json_file: str | None = field(default=None, metadata={"help": "Also write the readings and results to this file."})
@@ -245,9 +244,7 @@ def main(argv: list[str] | None = None) -> dict:
         phases=results,
     )
     print(f"{torch.get_num_threads()} threads, {summary['seconds']:.0f} s in all")
-    if args.json_file:
-        with open(args.json_file, "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2)
+    write_json(args.json_file, summary)
     return summary
 
 
