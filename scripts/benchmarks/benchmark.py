@@ -73,7 +73,7 @@ from transformers import (
 import seqbert
 from seqbert.cpu_inference import onednn_available
 from seqbert.data import convention_speeches, load_bible_pairs, load_rotten_tomatoes, minilm_checkpoint_path
-from seqbert.script_utils import ScriptInputError, parse_arguments, run_cli, script_parser
+from seqbert.script_utils import ScriptInputError, parse_arguments, run_cli, script_parser, write_json
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -598,9 +598,7 @@ def finish(results: dict, peak: MatmulPeak, args: BenchmarkArguments) -> dict:
     """Print the tables, write the JSON and the chart; return `results`."""
     results["machine"]["matmul_peak_gflops"] = peak.table()
     print_tables(results, args.repeats)
-    if args.json_file:
-        with open(args.json_file, "w", encoding="utf-8") as f:
-            json.dump(results, f, indent=2)
+    write_json(args.json_file, results)
     if args.chart_file:
         inference_chart(results["inference"], args.chart_file)
     return results

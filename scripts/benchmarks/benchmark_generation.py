@@ -11,7 +11,6 @@ Usage:
     python scripts/benchmarks/benchmark_generation.py [--batch_size 8] [--new_tokens 32] [--repeats 3] [--json_file out.json]
 """
 
-import json
 import statistics
 import tempfile
 import time
@@ -22,7 +21,7 @@ from transformers import AutoTokenizer, EncoderDecoderModel
 
 import seqbert
 from seqbert.data import load_bible_pairs, minilm_checkpoint_path
-from seqbert.script_utils import script_parser
+from seqbert.script_utils import script_parser, write_json
 
 
 @dataclass
@@ -94,9 +93,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             print(
                 f"seqbert {r['decoding']}: cached generation is {r['seqbert_cache_speedup']:.2f}x faster than uncached"
             )
-    if args.json_file:
-        with open(args.json_file, "w", encoding="utf-8") as f:
-            json.dump(rows, f, indent=2)
+    write_json(args.json_file, rows)
     return rows
 
 

@@ -16,7 +16,6 @@ All three models see the same batches (`--batch_size` snippets, dynamic padding)
 torch's thread count; the timing is the median of `--repeats` passes over all batches, the models interleaved.
 """
 
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 import seqbert
 from seqbert.data import load_rotten_tomatoes
 from seqbert.metrics import ACCURACY_PATH
-from seqbert.script_utils import ScriptInputError, parse_arguments, run_cli, script_parser
+from seqbert.script_utils import ScriptInputError, parse_arguments, run_cli, script_parser, write_json
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -112,9 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"  accuracy change {results['accuracy_change_points']:+.2f} points; same prediction on "
         f"{100 * results['same_prediction']:.1f} % of snippets; max |logit delta| {results['max_abs_logit_delta']:.3f}"
     )
-    if args.json_file:
-        with open(args.json_file, "w", encoding="utf-8") as f:
-            json.dump(results, f, indent=2)
+    write_json(args.json_file, results)
     return results
 
 

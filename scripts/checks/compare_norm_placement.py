@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))  # run
 
 import run_mlm  # noqa: E402
 
-from seqbert.script_utils import script_parser
+from seqbert.script_utils import script_parser, write_json
 
 
 PLACEMENTS = ("pre", "post")
@@ -149,9 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     save_comparison_plot(curves, figure, title)
     summary = {"settings": {**asdict(args), "extra_arguments": extra}, "runs": runs, "figure": figure}
-    with open(os.path.join(args.output_dir, "norm_placement.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=2)
-        f.write("\n")
+    write_json(os.path.join(args.output_dir, "norm_placement.json"), summary)
     for placement, run in runs.items():
         shown = ("final_train_loss", "eval_loss", "eval_perplexity", "eval_unigram_perplexity", "wall_time_s")
         print(f"{placement}-LN: " + ", ".join(f"{key} {run[key]:.4g}" for key in shown if run[key] is not None))

@@ -12,7 +12,6 @@ Usage:
     python scripts/checks/parity_report.py [--num_snippets 48] [--json_file parity.json]
 """
 
-import json
 import tempfile
 from dataclasses import dataclass, field
 
@@ -30,7 +29,7 @@ from transformers import (
 
 import seqbert
 from seqbert.data import load_rotten_tomatoes, minilm_checkpoint_path
-from seqbert.script_utils import script_parser
+from seqbert.script_utils import script_parser, write_json
 
 
 @dataclass
@@ -93,9 +92,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for row in rows:
         figures = ", ".join(f"{k} {v:.2e}" for k, v in row.items() if isinstance(v, float))
         print(f"{row['checkpoint']:<26} {row['reference']:<32} {row['attention']:<6} max|delta|: {figures}")
-    if args.json_file:
-        with open(args.json_file, "w", encoding="utf-8") as f:
-            json.dump(rows, f, indent=2)
+    write_json(args.json_file, rows)
     return rows
 
 

@@ -6,6 +6,7 @@ local data files, and the checks that turn bad input into a clear message before
 import argparse
 import ctypes
 import ctypes.util
+import json
 import logging
 import math
 import os
@@ -419,6 +420,16 @@ def train_and_save(trainer, train_dataset, start: ResumePoint) -> dict[str, floa
     trainer.save_metrics("train", metrics)
     trainer.save_state()
     return metrics
+
+
+def write_json(path: str | None, data) -> None:
+    """Write `data` to `path` as indented JSON with a final newline (the scripts' `--json_file`); nothing when `path`
+    is None."""
+    if path is None:
+        return
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
 
 
 def log_and_save_metrics(trainer, split: str, metrics: dict[str, float]) -> dict[str, float]:
