@@ -246,7 +246,7 @@ def test_seq2seq_labels_need_a_decoder_start_token(bert2bert, pair):
         model.config.decoder_start_token_id = None
         model.generation_config.decoder_start_token_id = None
         _expect(ValueError, r"config.decoder_start_token_id is None, but building decoder_input_ids from labels needs "
-                r"it", lambda: model(**source, labels=target))  # fmt: skip
+                r"a token id there", lambda: model(**source, labels=target))  # fmt: skip
         assert model(**source, decoder_input_ids=target).logits.isfinite().all()  # explicit inputs need no start id
 
 
@@ -279,7 +279,7 @@ CONFIG_CASES = [
      r"share_encoder_decoder_embeddings \(True\) requires tie_word_embeddings \(False\) to be True"),
     (dict(is_encoder_decoder=True, decoder_start_token_id=99), ValueError,
      r"decoder_start_token_id \(99\) must be < vocab_size \(99\)"),
-    (dict(is_encoder_decoder=True, eos_token_id=-1), ValueError, r"eos_token_id \(-1\) must be >= 0"),
+    (dict(is_encoder_decoder=True, decoder_start_token_id=-1), ValueError, r"decoder_start_token_id \(-1\) must be >= 0"),
     (dict(num_decoder_layers=2.0), TypeError, r"num_decoder_layers must be an int, got 2.0"),
     (dict(intermediate_size="37"), TypeError, r"intermediate_size must be an int, got '37' of type str"),
     # Found by the config fuzzing: transformers itself fails on it with a bare TypeError from range().

@@ -272,6 +272,26 @@ def test_weights_with_non_finite_values_are_refused(request, tmp_path, loader, v
     assert "A weights file is damaged" in message and "re-download it" in message
 
 
+@pytest.mark.parametrize("subfolder", ["", "model"])
+def test_a_folder_without_config_json_names_the_file(tmp_path, seqbert_folder, subfolder):
+    """transformers builds a default config for a folder without config.json, and the default-sized model then
+    reported 41 parameters as a shape mismatch; the missing file is named instead, for the class and for AutoModel's
+    registered path. An explicit config= needs no config.json."""
+    folder = tmp_path / "damaged"
+    shutil.copytree(seqbert_folder, folder / subfolder)
+    (folder / subfolder / "config.json").unlink()
+    expected = r"has no config\.json" + (r" in subfolder 'model'" if subfolder else "") + r" \(it holds: "
+    for load in (seqbert.SeqBertModel.from_pretrained, seqbert.SeqBertForSequenceClassification.from_pretrained):
+        with pytest.raises(OSError, match=expected + r".*model\.safetensors.*pass config= explicitly"):
+            load(folder, subfolder=subfolder)
+    config = seqbert.SeqBertConfig(**TINY_BERT)
+    loaded = seqbert.SeqBertModel.from_pretrained(folder, subfolder=subfolder, config=config)
+    assert torch.equal(
+        loaded.embeddings.word_embeddings.weight,
+        load_file(seqbert_folder / "model.safetensors")["embeddings.word_embeddings.weight"],
+    )
+
+
 def test_corrupt_weight_index(tmp_path, seqbert_folder):
     torch.manual_seed(0)
     seqbert.SeqBertModel(seqbert.SeqBertConfig(**TINY_BERT)).save_pretrained(tmp_path, max_shard_size="20KB")

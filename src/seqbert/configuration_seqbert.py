@@ -83,6 +83,8 @@ def _check_positive_float(name: str, value) -> None:
 
 
 _SPECIAL_TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
+# Special ids that must name a real token (the others may be negative: no such token).
+_REAL_TOKEN_IDS = ("decoder_start_token_id",)
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 
 
@@ -130,7 +132,10 @@ class SeqBertConfig(PretrainedConfig):
             All You Need" §3.4).
         classifier_dropout (`float`, *optional*): dropout before classification heads; defaults to
             `hidden_dropout_prob`, as in BERT.
-        pad_token_id, bos_token_id, eos_token_id, decoder_start_token_id (`int`, *optional*): special token ids.
+        pad_token_id, bos_token_id, eos_token_id, decoder_start_token_id (`int`, *optional*): special token ids,
+            each below `vocab_size`. A negative `pad_token_id`, `bos_token_id` or `eos_token_id` means the model has
+            no such token, as in transformers (which warns about it): `generate` then never stops early, and no
+            embedding row is reserved for padding. `decoder_start_token_id` must be a token id `>= 0`.
         tie_word_embeddings (`bool`, defaults to `True`): tie the LM head decoder to the (decoder's) word embeddings.
         is_encoder_decoder (`bool`, defaults to `False`): `True` for `SeqBertForConditionalGeneration` configs.
         share_encoder_decoder_embeddings (`bool`, defaults to `False`): seq2seq only: the decoder uses the encoder's
@@ -333,7 +338,10 @@ class SeqBertConfig(PretrainedConfig):
         for name, value in special_token_ids.items():
             if value is None:
                 continue
-            _check_int(name, value, 0)
+            # A negative pad / bos / eos id means "no such token", as in transformers (whose config validation warns
+            # about it, and whose `generate` then never stops early on eos). A decoder start id is fed to the decoder,
+            # so it must be a real token.
+            _check_int(name, value, 0 if name in _REAL_TOKEN_IDS else -(2**63))
             if value >= self.vocab_size:
                 raise ValueError(f"{name} ({value}) must be < vocab_size ({self.vocab_size})")
 

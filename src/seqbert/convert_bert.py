@@ -381,6 +381,30 @@ def _missing_shard(index_path, shard: str) -> str:
     )
 
 
+def missing_config_problem(name_or_path, **hub_kwargs) -> str | None:
+    """
+    Before loading a model from a local folder without an explicit `config=`: a sentence naming the missing
+    `config.json`, or `None` when it is there (or `name_or_path` is not a local folder, a Hub name whose files
+    transformers resolves itself).
+
+    transformers' `PretrainedConfig.from_pretrained` returns a default config for a folder without `config.json`, so
+    the model would be built at the default sizes and the weights then reported as a shape mismatch (or, where the
+    sizes happen to fit, loaded into a model of the wrong kind).
+    """
+    subfolder = hub_kwargs.get("subfolder") or ""
+    folder = os.path.join(str(name_or_path), subfolder)
+    if not os.path.isdir(folder) or os.path.isfile(os.path.join(folder, "config.json")):
+        return None
+    present = sorted(os.listdir(folder))
+    return (
+        f"pretrained_model_name_or_path ({str(name_or_path)!r}) has no config.json"
+        + (f" in subfolder {subfolder!r}" if subfolder else "")
+        + f" (it holds: {', '.join(present[:8]) + (', ...' if len(present) > 8 else '') or 'nothing'}): the model's "
+        "sizes and kind are read from it. Copy config.json back from where the folder came from, save the model "
+        "again with save_pretrained, or pass config= explicitly"
+    )
+
+
 def find_checkpoint_problem(
     name_or_path, use_safetensors: bool | None = None, weights: bool = True, **hub_kwargs
 ) -> str | None:

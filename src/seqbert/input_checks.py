@@ -420,6 +420,12 @@ def check_multiple_choice_inputs(
 # ZeroDivisionError or a tensor of negative size, token ids outside the vocabulary in an IndexError deep inside a
 # logits processor, or (`pad_token_id`) in sequences that hold ids the model does not have.
 GENERATE_MINIMUMS = {"num_beams": 1, "num_return_sequences": 1, "num_beam_groups": 1, "top_k": 0}
+# transformers' convention for "no such token": a negative `eos_token_id` never matches (generation runs to the
+# maximum length; `generate` warns "`eos_token_id` should consist of positive integers"), a negative `pad_token_id`
+# is never written while no sequence ends early (`GenerationConfig.validate` warns about it), and a negative
+# `bos_token_id` is never read while a prompt is given. transformers' own generation tests use `-1` for the first two.
+# The other ids are indices into the scores or the embedding, where -1 would silently mean the last token.
+GENERATE_OPTIONAL_TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id")
 GENERATE_TOKEN_IDS = (
     "pad_token_id",
     "bos_token_id",
@@ -438,7 +444,9 @@ def check_generate_arguments(config: SeqBertConfig, default: GenerationConfig, a
     The checks of `generate` (its `args` and `kwargs` as given) that transformers leaves out: the prompt / source
     `inputs` (`input_ids`) must not be empty, and the generation settings in force (`generation_config`, else the
     model's `default`, updated by `kwargs`, as `generate` merges them) must have counts of at least
-    `GENERATE_MINIMUMS` and token ids (`GENERATE_TOKEN_IDS`, single ids or nested lists) in `[0, vocab_size)`.
+    `GENERATE_MINIMUMS` and token ids (`GENERATE_TOKEN_IDS`, single ids or nested lists) in `[0, vocab_size)`;
+    `pad_token_id`, `bos_token_id` and `eos_token_id` may also be negative, transformers' "no such token"
+    (`GENERATE_OPTIONAL_TOKEN_IDS`), which it warns about and this accepts.
 
     Raises:
         ValueError: the inputs have an empty dimension; a count is below its minimum; a token id lies outside the
@@ -475,7 +483,11 @@ def check_generate_arguments(config: SeqBertConfig, default: GenerationConfig, a
                 pending.extend(item.reshape(-1).tolist())
             elif isinstance(item, bool) or not isinstance(item, int):
                 raise TypeError(f"{name} ({value!r}) must hold int token ids, got {item!r}")
+            elif item < 0 and name in GENERATE_OPTIONAL_TOKEN_IDS:
+                continue  # "no such token" (see GENERATE_OPTIONAL_TOKEN_IDS); transformers warns
             elif not 0 <= item < config.vocab_size:
+                allowed = " (or negative: no such token)" if name in GENERATE_OPTIONAL_TOKEN_IDS else ""
                 raise ValueError(
                     f"{name} ({value!r}) holds {item}, but token ids must lie in [0, vocab_size={config.vocab_size})"
+                    + allowed
                 )

@@ -54,6 +54,7 @@ from .convert_bert import (
     fused_attention_error,
     load_bert_as_seqbert_state_dict,
     mismatched_sizes_error,
+    missing_config_problem,
     non_finite_weights_error,
     quiet_loading_report,
     refuse_pickled_weights,
@@ -134,7 +135,10 @@ class SeqBertEmbeddings(nn.Module):
 
     def __init__(self, config: SeqBertConfig):
         super().__init__()
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        # A negative pad_token_id means "no pad token" (see SeqBertConfig): no row is reserved, where nn.Embedding
+        # would count -1 from the end and freeze the last token's row.
+        pad = config.pad_token_id if config.pad_token_id is not None and config.pad_token_id >= 0 else None
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=pad)
         if config.position_embedding_type == "learned":
             self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         else:
@@ -737,7 +741,8 @@ class SeqBertPreTrainedModel(PreTrainedModel):
                 written by seqbert 0.1.0: see `convert_bert.split_fused_attention`).
             MismatchedSizesError: (a `RuntimeError`, as transformers raises there, and a `ValueError`) parameters
                 of the checkpoint have another shape than the model's and `ignore_mismatched_sizes` is not `True`.
-            OSError: the repository has no safetensors weights (the message says how to opt in to `.bin`);
+            OSError: a local folder has no `config.json` and no `config=` is given (transformers would build a
+                default config); the repository has no safetensors weights (the message says how to opt in to `.bin`);
                 `config.json`, the weight index or a weights file is truncated or corrupt, or a shard named by the
                 index is missing (the message names the file and says to re-download it or save it again); the
                 loaded weights hold NaN, infinite or implausibly large values (a damaged file, or a run that diverged:
@@ -747,6 +752,10 @@ class SeqBertPreTrainedModel(PreTrainedModel):
         ignore_mismatched_sizes = kwargs.pop("ignore_mismatched_sizes", False)
         output_loading_info = kwargs.pop("output_loading_info", False)
         safetensors_only = use_safetensors is None and path is not None
+        if path is not None and kwargs.get("config") is None and not model_args:
+            problem = missing_config_problem(path, **kwargs)
+            if problem is not None:
+                raise OSError(problem)
         if safetensors_only:
             refuse_pickled_weights(path, kwargs.get("subfolder", ""))
         try:
@@ -1789,16 +1798,23 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         """Decoder inputs for teacher forcing (`shift_tokens_right`). Raises `ValueError` when the config has no
-        `decoder_start_token_id` or no `pad_token_id` (which stands in for the -100 of ignored labels)."""
+        `decoder_start_token_id` (None or negative), no `pad_token_id`, or a negative one (no pad token) while the
+        labels hold -100, for which the pad token stands in."""
         start = self.config.decoder_start_token_id
         if start is None:
             start = self.generation_config.decoder_start_token_id
-        for name, value in (("decoder_start_token_id", start), ("pad_token_id", self.config.pad_token_id)):
-            if value is None:
+        pad = self.config.pad_token_id
+        needs_pad = pad is None or (pad < 0 and eager_execution() and bool((labels == IGNORE_INDEX).any()))
+        for name, value, missing in (
+            ("decoder_start_token_id", start, start is None or start < 0),
+            ("pad_token_id", pad, needs_pad),
+        ):
+            if missing:
                 raise ValueError(
-                    f"config.{name} is None, but building decoder_input_ids from labels needs it (decoder inputs are "
-                    f"the labels shifted right behind decoder_start_token_id, with pad_token_id for -100): set "
-                    f"config.{name} (for BERT2BERT: the tokenizer's [CLS] / [PAD] id) or pass decoder_input_ids"
+                    f"config.{name} is {value}, but building decoder_input_ids from labels needs a token id there "
+                    f"(decoder inputs are the labels shifted right behind decoder_start_token_id, with pad_token_id "
+                    f"for -100): set config.{name} (for BERT2BERT: the tokenizer's [CLS] / [PAD] id) or pass "
+                    "decoder_input_ids"
                 )
         return shift_tokens_right(labels, self.config.pad_token_id, start)
 
