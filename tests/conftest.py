@@ -53,6 +53,47 @@ settings.register_profile(
 settings.load_profile(HYPOTHESIS_PROFILE)
 
 
+# Environment variables that choose torch's CPU kernels or thread counts (read by OpenMP, MKL, oneDNN and ATen).
+KERNEL_ENVIRONMENT = ("OMP_", "MKL_", "ONEDNN_", "DNNL_", "ATEN_CPU_CAPABILITY", "GOMP_")
+
+
+def process_state() -> dict:
+    """What in this process decides how torch computes on the CPU: thread counts, the CPU affinity (OpenMP and MKL
+    size their teams by it), flush-to-zero / denormals-are-zero on this thread (a denormal survives `* 1.0` only
+    without them), oneDNN and matmul precision settings, the default dtype, grad mode, deterministic algorithms,
+    and the kernel-choosing environment variables (`KERNEL_ENVIRONMENT`), which subprocesses inherit."""
+    state = {
+        "torch.get_num_threads()": torch.get_num_threads(),
+        "torch.get_num_interop_threads()": torch.get_num_interop_threads(),
+        "os.sched_getaffinity(0)": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "denormals flushed": (torch.tensor([1e-40]) * 1.0).item() == 0.0,
+        "torch.backends.mkldnn.enabled": torch.backends.mkldnn.enabled,
+        "torch.get_float32_matmul_precision()": torch.get_float32_matmul_precision(),
+        "torch.get_default_dtype()": torch.get_default_dtype(),
+        "torch.is_grad_enabled()": torch.is_grad_enabled(),
+        "torch.are_deterministic_algorithms_enabled()": torch.are_deterministic_algorithms_enabled(),
+        "environment": {k: v for k, v in os.environ.items() if k.startswith(KERNEL_ENVIRONMENT)},
+    }
+    for backend in ("mkldnn", "cpu"):  # torch >= 2.9's per-backend precision settings
+        for op in ("matmul", "conv", "rnn"):
+            settings_ = getattr(getattr(torch.backends, backend, None), op, None)
+            if hasattr(settings_, "fp32_precision"):
+                state[f"torch.backends.{backend}.{op}.fp32_precision"] = settings_.fp32_precision
+    return state
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_process_state(request):
+    """Fail a test that leaves the process computing differently from how it found it (`process_state`): tests
+    run in any order, and some compare this process's results bit for bit with a fresh subprocess's."""
+    before = process_state()
+    yield
+    after = process_state()
+    changed = {key: (before[key], after.get(key)) for key in before if before[key] != after.get(key)}
+    if changed:
+        pytest.fail(f"{request.node.nodeid} changed the process state (before, after): {changed}", pytrace=False)
+
+
 def fuzz_examples(ci: int, campaign: int) -> int:
     """`max_examples` of a fuzz test: `ci` in the suite's deterministic profile, `campaign` in the long campaign."""
     return campaign if HYPOTHESIS_PROFILE == "campaign" else ci
@@ -191,15 +232,23 @@ def _run_script(name: str, output_dir: Path, *args: str) -> Path:
     return output_dir
 
 
-def run_without_seqbert(jobs: list[dict], tmp_path: Path) -> dict[str, torch.Tensor]:
+def run_without_seqbert(jobs: list[dict], tmp_path: Path, with_seqbert: bool = False) -> dict[str, torch.Tensor]:
     """Run `scripts/hub/load_without_seqbert.py` on `jobs` in a process where `import seqbert` fails (offline, a fresh
-    dynamic-module cache) and return the tensors it stored."""
-    jobs_path, output_path = tmp_path / "jobs.json", tmp_path / "outputs.safetensors"
+    dynamic-module cache) and return the tensors it stored. With `with_seqbert`, run the `forward` and `generate`
+    jobs instead in a fresh process that loads the folders with the installed seqbert
+    (tests/seqbert_reference_outputs.py): the reference that the first is compared with bit for bit, since two
+    fresh processes with the same environment compute with the same kernels and threads."""
+    side = "with" if with_seqbert else "without"
+    jobs_path, output_path = tmp_path / f"jobs_{side}.json", tmp_path / f"outputs_{side}.safetensors"
     jobs_path.write_text(json.dumps(jobs))
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / f"modules_{side}"))
     env.pop("PYTHONPATH", None)
-    command = [sys.executable, str(SCRIPT_PATHS["load_without_seqbert.py"]), str(jobs_path), str(output_path)]
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    script = Path(__file__).with_name("seqbert_reference_outputs.py") if with_seqbert else None
+    script = script or SCRIPT_PATHS["load_without_seqbert.py"]
+    command = [sys.executable, str(script), str(jobs_path), str(output_path)]
+    result = subprocess.run(
+        command, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path, stdin=subprocess.DEVNULL
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     # No trust_remote_code prompt and no fallback to a generic config anywhere on the way.
     assert "Do you wish to run the custom code" not in result.stdout + result.stderr

@@ -161,6 +161,11 @@ def test_every_head_and_generate_match_in_a_process_without_seqbert(
                 "inputs": str(tmp_path / "plain.safetensors"),
             }
         )
+    # The main job's tokenizer, as a Hub user without seqbert loads it: no prompt and no warning (run_without_seqbert
+    # checks the output), the same ids as here.
+    expected["tokenizer.input_ids"] = tokenizer(texts, padding=True, return_tensors="pt")["input_ids"]
+    expected["tokenizer.class_input_ids"] = expected["tokenizer.input_ids"]
+    jobs.append({"name": "tokenizer", "mode": "tokenize", "folder": str(classification_run), "texts": texts})
     resumed = tmp_path / "resumed"
     jobs.append(
         {
@@ -176,9 +181,20 @@ def test_every_head_and_generate_match_in_a_process_without_seqbert(
 
     outputs = run_without_seqbert(jobs, tmp_path)
     assert outputs.pop("resume.global_step").item() == 3
-    assert set(outputs) == set(expected)
-    for key, value in expected.items():
+    # Bit for bit against the same jobs run with the installed seqbert in another fresh process: the two start alike
+    # (interpreter, torch, environment, threads), so they run the same kernels in the same order on any CPU. This
+    # process is no such reference: after other tests its kernels may differ (on a Sapphire Rapids Xeon its BERT
+    # hidden states differed from a fresh process's by 2.6e-6), so it is held to a tolerance instead.
+    for key in ("tokenizer.input_ids", "tokenizer.class_input_ids"):
+        assert torch.equal(outputs.pop(key), expected.pop(key)), key
+    reference = run_without_seqbert(jobs, tmp_path, with_seqbert=True)
+    assert set(outputs) == set(reference) == set(expected)
+    for key, value in reference.items():
         assert torch.equal(outputs[key], value), (key, (outputs[key] - value).abs().max())
+        if value.is_floating_point():
+            torch.testing.assert_close(expected[key], value, rtol=0, atol=1e-4, msg=key)
+        else:  # generated ids
+            assert torch.equal(expected[key], value), key
     # A folder saved by remote code (no seqbert) carries the code and the full auto_map again.
     assert CODE_FILES <= {p.name for p in resumed.iterdir()}
     assert _auto_map(resumed) == {**ENCODER_AUTO_MAP, **CAUSAL_LM_AUTO_MAP}

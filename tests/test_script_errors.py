@@ -8,6 +8,7 @@ in-process cases cover the other arguments through `main`, which raises `ScriptI
 
 import argparse
 import ast
+import json
 import os
 import re
 import subprocess
@@ -239,19 +240,50 @@ def test_every_script_says_what_it_does_and_how_long_it_takes(name):
     assert "script_parser(" in source
 
 
+# Runs each script as `python SCRIPT --help` does (`runpy`, as `__main__`, its own folder first on sys.path), all in
+# one subprocess: one interpreter start and one torch / transformers import instead of one per script.
+HELP_RUNNER = """
+import contextlib, io, json, os, runpy, sys
+results = {}
+for path in sys.argv[1:]:
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    saved_path, sys.argv = list(sys.path), [path, "--help"]
+    sys.path.insert(0, os.path.dirname(path))
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_path(path, run_name="__main__")
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        except Exception as error:
+            code, _ = 1, err.write(repr(error))
+    sys.path[:] = saved_path
+    results[os.path.basename(path)] = [code, out.getvalue(), err.getvalue()]
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def script_help() -> dict[str, tuple[int, str, str]]:
+    """`--help` of every script: name -> (exit status, stdout, stderr)."""
+    paths = [str(SCRIPT_PATHS[name]) for name in SCRIPTS_WITH_HELP]
+    result = subprocess.run([sys.executable, "-c", HELP_RUNNER, *paths], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.splitlines()[-1])
+
+
 @pytest.mark.parametrize("name", SCRIPTS_WITH_HELP)
-def test_every_script_prints_its_help(name):
+def test_every_script_prints_its_help(name, script_help):
     """argparse %-formats each help text: a bare % in one (check_memory_growth.py had one) broke --help."""
-    result = subprocess.run([sys.executable, str(SCRIPT_PATHS[name]), "--help"], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("usage: ")
+    code, stdout, stderr = script_help[name]
+    assert code == 0, stderr
+    assert stdout.startswith("usage: ")
 
 
 @pytest.mark.parametrize("name", ["run_classification.py", "run_seq2seq.py"])
-def test_help_starts_with_the_description(name):
-    result = subprocess.run([sys.executable, str(SCRIPT_PATHS[name]), "--help"], capture_output=True, text=True)
-    lines = result.stdout.splitlines()
-    assert result.returncode == 0 and lines[0].endswith("[--option value ...]")
+def test_help_starts_with_the_description(name, script_help):
+    code, stdout, _ = script_help[name]
+    lines = stdout.splitlines()
+    assert code == 0 and lines[0].endswith("[--option value ...]")
     assert "takes about" in " ".join(lines[1:5])
 
 

@@ -11,7 +11,8 @@ dependencies (torch is installed once and shared).
 Without `--folders` it writes reference folders first: the MiniLM checkpoint in every encoder head (heads seeded),
 the causal LM and the BERT2BERT seq2seq model, plus a Trainer checkpoint of a two-step classifier run. Each folder
 then gets the jobs of `scripts/hub/load_without_seqbert.py`: a forward pass on real Rotten Tomatoes snippets (token ids
-below the folder's vocabulary size), and for generating models greedy and beam-4 `generate`. The same jobs run here
+below the folder's vocabulary size), for generating models greedy and beam-4 `generate`, and where the folder has a
+tokenizer, the tokenizer loaded as a user without seqbert loads it. The same jobs run here
 first, in a process without seqbert, and every release must reproduce those tensors exactly.
 
 The environments live in `--venv_root` (default `~/.cache/seqbert/venvs`) and are reused. To save time and disk they
@@ -115,11 +116,19 @@ def run_jobs(python: str, jobs: list[dict], work: Path, name: str) -> tuple[dict
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(work / f"modules-{name}"))
     env.pop("PYTHONPATH", None)
     result = subprocess.run(
-        [python, str(RUNNER), str(jobs_file), str(output)], capture_output=True, text=True, env=env, cwd=work
+        [python, str(RUNNER), str(jobs_file), str(output)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=work,
+        stdin=subprocess.DEVNULL,  # a trust_remote_code prompt must not wait for an answer
     )
     if result.returncode != 0:
         lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
         return None, lines[-1] if lines else f"exit status {result.returncode}"
+    for sign in ("Do you wish to run the custom code", "to instantiate a model of type"):
+        if sign in result.stdout + result.stderr:  # a prompt, or a fallback to a generic config, on the way
+            return None, f"the output says {sign!r}"
     return load_file(output), ""
 
 
@@ -203,6 +212,8 @@ def jobs_for(folders: list[Path], work: Path) -> list[dict]:
         name = f"{index}-{architecture}"
         base = {"folder": str(folder), "auto_class": auto_class, "inputs": str(inputs_file)}
         jobs.append({"name": name, "mode": "forward", **base, "inputs": str(forward_file)})
+        if (folder / "tokenizer_config.json").exists():  # its tokenizer loads without a prompt or warning too
+            jobs.append({"name": f"{name}-tokenizer", "mode": "tokenize", "folder": str(folder), "texts": texts})
         if architecture in ("SeqBertForConditionalGeneration", "SeqBertForCausalLM"):
             for decoding, options in {"greedy": {}, "beam4": {"num_beams": 4}}.items():
                 kwargs = {"max_new_tokens": 8, **options}

@@ -15,6 +15,10 @@ process can run is the code saved in the folders. Each job of JOBS.json (a list)
   pass on the tensors of the `inputs` safetensors file, and store every tensor field of the output as `name.field`;
 - `{"name", "mode": "generate", "folder", "auto_class", "inputs", "generate_kwargs"}`: `transformers.<auto_class>`
   (`AutoModelForSeq2SeqLM` or `AutoModelForCausalLM`) and `generate`, stored as `name.sequences`;
+- `{"name", "mode": "tokenize", "folder", "texts"}`: `transformers.AutoTokenizer` on the folder with
+  `trust_remote_code=True` (AutoTokenizer reads config.json through AutoConfig first, which without it asks whether to
+  run the folder's code) and on its declared class (`tokenizer_config.json`'s `tokenizer_class`, which needs no
+  config); stores the ids of each as `name.input_ids` and `name.class_input_ids`;
 - `{"name", "mode": "embed", "folder", "texts"}`: `sentence_transformers.SentenceTransformer` on the folder and
   `encode(texts)`, stored as `name.embeddings`;
 - `{"name", "mode": "lora", "folder"}`: import peft first, then load the folder with
@@ -74,6 +78,17 @@ def generate(job) -> dict[str, torch.Tensor]:
     with torch.no_grad():
         sequences = model.generate(**load_file(job["inputs"]), **job["generate_kwargs"])
     return {f"{job['name']}.sequences": sequences}
+
+
+def tokenize(job) -> dict[str, torch.Tensor]:
+    auto = transformers.AutoTokenizer.from_pretrained(job["folder"], trust_remote_code=True)
+    with open(os.path.join(job["folder"], "tokenizer_config.json"), encoding="utf-8") as f:
+        declared = getattr(transformers, json.load(f)["tokenizer_class"])
+    direct = declared.from_pretrained(job["folder"])
+    return {
+        f"{job['name']}.input_ids": auto(job["texts"], padding=True, return_tensors="pt")["input_ids"],
+        f"{job['name']}.class_input_ids": direct(job["texts"], padding=True, return_tensors="pt")["input_ids"],
+    }
 
 
 def embed(job) -> dict[str, torch.Tensor]:
@@ -141,7 +156,14 @@ def main(jobs_path: str, output_path: str) -> None:
         jobs = json.load(f)
     outputs = {}
     for job in jobs:
-        modes = {"forward": forward, "generate": generate, "embed": embed, "lora": lora, "resume": resume}
+        modes = {
+            "forward": forward,
+            "generate": generate,
+            "tokenize": tokenize,
+            "embed": embed,
+            "lora": lora,
+            "resume": resume,
+        }
         outputs.update(modes[job["mode"]](job))
     save_file({key: value.contiguous() for key, value in outputs.items()}, output_path)
 
