@@ -192,8 +192,16 @@ def convert_ctranslate2(bert_folder: str, folder: Path, quantization: str) -> Pa
 
 def ctranslate2_engine(path: Path, compute_type: str, threads: int) -> Engine:
     """CTranslate2's `Encoder` on `path` with `threads` intra-op threads, fed each sequence's real ids and segment ids
-    as lists (its API's form, what a tokenizer returns); the timed call ends with its hidden states as a numpy array."""
+    as lists (its API's form, what a tokenizer returns); the timed call ends with its hidden states as a numpy array.
+
+    CTranslate2 sets its intra-op threads with OpenMP's `omp_set_num_threads`, which reaches the OpenMP runtime torch
+    computes with: building an `Encoder` left torch on `threads` threads, and on a Sapphire Rapids Xeon MKL sums a
+    matrix product in another order at another thread count, so later torch results moved in the last bits. torch's
+    thread count is put back after."""
+    torch_threads = torch.get_num_threads()
     encoder = ctranslate2.Encoder(str(path), device="cpu", compute_type=compute_type, intra_threads=threads)
+    if torch.get_num_threads() != torch_threads:
+        torch.set_num_threads(torch_threads)
 
     def prepare(batch: dict) -> Callable[[], object]:
         real = batch["attention_mask"].bool()
