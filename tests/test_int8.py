@@ -10,7 +10,7 @@ import torch
 from transformers import BertForSequenceClassification
 
 import seqbert
-from seqbert.cpu_inference import PackedLinear, onednn_available, quantize_per_tensor_uint8
+from seqbert.cpu_inference import PackedLinear, bf16_linear_available, onednn_available, quantize_per_tensor_uint8
 from seqbert.script_utils import ScriptInputError  # noqa: E402
 
 
@@ -94,6 +94,11 @@ def test_evaluate_int8_reports_the_trainers_accuracy_for_fp32(classification_run
     assert results["accuracy_change_points"] == pytest.approx(
         100 * (results["int8"]["accuracy"] - results["fp32"]["accuracy"])
     )
+    if bf16_linear_available():
+        assert results["bf16"]["same_prediction"] >= 0.9
+        assert results["bf16"]["accuracy_change_points"] == pytest.approx(
+            100 * (results["bf16"]["accuracy"] - results["fp32"]["accuracy"])
+        )
     assert json.loads(json_file.read_text()) == results
 
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env python
-"""What int8 costs a fine-tuned SeqBERT classifier: accuracy, agreement and speed of the saved fp32 model and of
-`seqbert.optimize_for_cpu_inference(model, int8=True)` (int8 encoder linear layers on oneDNN's int8 operators), next to
-the fp32 `optimize_for_cpu_inference(model)`, on the 2,000 held-out Rotten Tomatoes snippets (offline). About 1 minute
-on 2 CPU cores.
+"""What int8 and bf16 cost a fine-tuned SeqBERT classifier: accuracy, agreement with fp32 and speed of the saved fp32
+model and of `seqbert.optimize_for_cpu_inference(model, int8=True)` (int8 encoder linear layers on oneDNN's int8
+operators) and `optimize_for_cpu_inference(model, dtype=torch.bfloat16)` (bf16 encoder layers; on CPUs where oneDNN
+runs bf16, AVX-512 ones), next to the fp32 `optimize_for_cpu_inference(model)`, on the 2,000 held-out Rotten Tomatoes
+snippets (offline). About 1 minute on 2 CPU cores.
 
     python scripts/examples/run_classification.py --output_dir runs/rt_minilm
     python scripts/benchmarks/evaluate_int8.py --model_dir runs/rt_minilm [--json_file int8.json]
@@ -12,7 +13,7 @@ The int8 model is the one the int8 guide gives a user, `from_pretrained` then on
     model = AutoModelForSequenceClassification.from_pretrained(folder)
     model = seqbert.optimize_for_cpu_inference(model, int8=True)
 
-All three models see the same batches (`--batch_size` snippets, dynamic padding) under `torch.inference_mode`, at
+All models see the same batches (`--batch_size` snippets, dynamic padding) under `torch.inference_mode`, at
 torch's thread count; the timing is the median of `--repeats` passes over all batches, the models interleaved.
 """
 
@@ -25,6 +26,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 import seqbert
+from seqbert.cpu_inference import bf16_linear_available
 from seqbert.data import load_rotten_tomatoes
 from seqbert.metrics import ACCURACY_PATH
 from seqbert.script_utils import ScriptInputError, parse_arguments, run_cli, script_parser, write_json
@@ -83,6 +85,8 @@ def main(argv: list[str] | None = None) -> dict:
         "fp32_optimized": seqbert.optimize_for_cpu_inference(fp32),
         "int8": seqbert.optimize_for_cpu_inference(fp32, int8=True),
     }
+    if bf16_linear_available():
+        models["bf16"] = seqbert.optimize_for_cpu_inference(fp32, dtype=torch.bfloat16)
     logits = {name: torch.cat([model(**batch).logits for batch in batches]) for name, model in models.items()}
     seconds = interleave(
         {name: (lambda model=model: [model(**batch) for batch in batches]) for name, model in models.items()},
@@ -101,6 +105,13 @@ def main(argv: list[str] | None = None) -> dict:
     results["max_abs_logit_delta"] = (logits["fp32"] - logits["int8"]).abs().max().item()
     results["int8_speedup"] = results["fp32"]["seconds"] / results["int8"]["seconds"]
     results["int8_speedup_over_fp32_optimized"] = results["fp32_optimized"]["seconds"] / results["int8"]["seconds"]
+    if "bf16" in models:
+        results["bf16"].update(
+            accuracy_change_points=100 * (results["bf16"]["accuracy"] - results["fp32"]["accuracy"]),
+            same_prediction=(logits["fp32"].argmax(-1) == logits["bf16"].argmax(-1)).float().mean().item(),
+            max_abs_logit_delta=(logits["fp32"] - logits["bf16"]).abs().max().item(),
+            speedup_over_fp32_optimized=results["fp32_optimized"]["seconds"] / results["bf16"]["seconds"],
+        )
     print(
         f"{len(snippets)} snippets, {results['threads']} threads, medians of {args.repeats}:\n"
         f"  fp32 accuracy {results['fp32']['accuracy']:.4f}, {results['fp32']['seconds']:.2f} s\n"
@@ -111,6 +122,13 @@ def main(argv: list[str] | None = None) -> dict:
         f"  accuracy change {results['accuracy_change_points']:+.2f} points; same prediction on "
         f"{100 * results['same_prediction']:.1f} % of snippets; max |logit delta| {results['max_abs_logit_delta']:.3f}"
     )
+    if "bf16" in models:
+        bf16 = results["bf16"]
+        print(
+            f"  bf16 accuracy {bf16['accuracy']:.4f} ({bf16['accuracy_change_points']:+.2f} points), "
+            f"{bf16['seconds']:.2f} s ({bf16['speedup_over_fp32_optimized']:.2f}x fp32 optimized); same prediction "
+            f"as fp32 on {100 * bf16['same_prediction']:.1f} %; max |logit delta| {bf16['max_abs_logit_delta']:.3f}"
+        )
     write_json(args.json_file, results)
     return results
 

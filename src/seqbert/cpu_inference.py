@@ -4,15 +4,18 @@ layers with prepacked weights and fused post-ops, in fp32 or int8.
     model = AutoModelForSequenceClassification.from_pretrained(folder)
     fast = seqbert.optimize_for_cpu_inference(model)               # fp32, within 1e-5 of BERT
     fast_int8 = seqbert.optimize_for_cpu_inference(model, int8=True)
+    fast_bf16 = seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16)  # CPUs with AVX512_BF16 or AMX
 
 The default eager model is untouched (it stays bit-identical to BERT); this is an opt-in for serving. It uses the
-oneDNN operators that inductor itself lowers frozen linear layers to (`torch.ops.mkldnn._linear_pointwise` for fp32,
-`torch.ops.onednn.qlinear_pointwise` for int8), called directly, so there is no compile step and no recompilation when
-the batch size or length changes.
+oneDNN operators that inductor itself lowers frozen linear layers to (`torch.ops.mkldnn._linear_pointwise` for fp32
+and bf16, `torch.ops.onednn.qlinear_pointwise` for int8), called directly, so there is no compile step and no
+recompilation when the batch size or length changes.
 """
 
 import copy
+import functools
 import math
+import warnings
 
 import torch
 from torch import nn
@@ -52,26 +55,44 @@ def onednn_available() -> bool:
     return all(ops) and torch.backends.mkldnn.is_available() and capability.startswith("AVX")
 
 
+def bf16_instructions_available() -> bool:
+    """Whether the CPU computes bf16 products in hardware: AVX512_BF16 (AMD Zen 4 and later, Intel Cooper Lake and
+    Sapphire Rapids and later) or AMX (Sapphire Rapids and later). Without them oneDNN emulates bf16 on AVX-512, which
+    is slower than fp32."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def bf16_linear_available() -> bool:
+    """Whether torch's oneDNN linear runs bf16 on this CPU at all: it needs AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT
+    (`mkldnn._reorder_linear_weight` refuses bf16 otherwise, as on AVX2-only CPUs such as AMD Zen 3)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 class PackedLinear:
     """
     One `nn.Linear`'s weights laid out once for oneDNN, and the call that runs it with a fused post-op.
 
     fp32: the weight reordered into oneDNN's blocked layout (`mkldnn._reorder_linear_weight`, as inductor's weight
-    prepacking does). int8: the weight quantized symmetrically to int8 with one scale per output feature and
-    prepacked (`onednn.qlinear_prepack`); each call quantizes its input to 8 bits with one scale and zero point for the
-    whole tensor, from the tensor's own range (dynamic quantization, Jacob et al. 2018, "Quantization and Training of
-    Neural Networks for Efficient Integer-Arithmetic-Only Inference", §2.1; `quantize_per_tensor_uint8`), and
-    accumulates in int32.
+    prepacking does). bf16: the weight rounded to bf16 and reordered the same way; inputs and outputs are bf16, the
+    products accumulate in fp32 inside oneDNN, and the bias, rounded to bf16, is added to the fp32 sums. int8: the
+    weight quantized symmetrically to int8 with one scale per output feature and prepacked
+    (`onednn.qlinear_prepack`); each call quantizes its input to 8 bits with one scale and zero point for the whole
+    tensor, from the tensor's own range (dynamic quantization, Jacob et al. 2018, "Quantization and Training of Neural
+    Networks for Efficient Integer-Arithmetic-Only Inference", §2.1; `quantize_per_tensor_uint8`), and accumulates in
+    int32.
 
     Several linear layers that read the same input may be packed as one (their weights stacked along the outputs), as
     the query, key and value projections are.
     """
 
-    def __init__(self, linears: list[nn.Linear], int8: bool):
+    def __init__(self, linears: list[nn.Linear], int8: bool, dtype: torch.dtype = torch.float32):
         weight = torch.cat([linear.weight.detach() for linear in linears])  # (out, in)
         biases = [linear.bias for linear in linears]
         self.bias = None if biases[0] is None else torch.cat([bias.detach() for bias in biases]).contiguous()
         self.int8 = int8
+        self.dtype = dtype
+        if self.bias is not None and not int8:
+            self.bias = self.bias.to(dtype)  # oneDNN takes the bias in the input's dtype (added in fp32)
         self.out_features, self.in_features = weight.shape
         if int8:
             self.weight_scale = (weight.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
@@ -79,13 +100,14 @@ class PackedLinear:
             self.weight = torch.ops.onednn.qlinear_prepack(quantized, None)
             self.weight_zero_point = torch.zeros(self.out_features, dtype=torch.int64)
         else:
-            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
+            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype).contiguous(), None)
 
     def __call__(
         self, x: torch.Tensor, activation: tuple[str, str] | None = None, residual: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """(..., in_features) fp32 -> (..., out_features) fp32: `x @ W.T + b`, then `activation` (a pair from
-        `ONEDNN_ACTIVATIONS`) or `+ residual` (same shape as the output) fused into the same oneDNN call."""
+        """(..., in_features) -> (..., out_features), fp32 (int8 too) or bf16 as packed: `x @ W.T + b`, then
+        `activation` (a pair from `ONEDNN_ACTIVATIONS`) or `+ residual` (same shape and dtype as the output) fused into
+        the same oneDNN call."""
         rows = x.reshape(-1, self.in_features)
         other = None if residual is None else residual.reshape(-1, self.out_features)
         post_op, algorithm = activation or ("none", "")
@@ -134,12 +156,32 @@ def quantize_per_tensor_uint8(x: torch.Tensor) -> tuple[torch.Tensor, float, int
 
 class _OneDnnEncoder(SeqBertEncoder):
     """Mixed into an encoder's class by `optimize_for_cpu_inference`: on the unpadded path it sorts the batch's
-    sequences into `LengthGroups` once per forward, for all its layers."""
+    sequences into `LengthGroups` once per forward, for all its layers. Optimized for bf16, it runs its layers and
+    its final LayerNorm on bf16 hidden states (where `_bf16_applies`) and hands fp32 back, so the embeddings before it
+    and the pooler and heads after it stay fp32."""
+
+    _dtype: torch.dtype = torch.float32
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, *args, **kwargs):
         if kwargs.get("unpadded") is not None:
             kwargs["length_groups"] = LengthGroups(kwargs["unpadded"])
-        return super().forward(hidden_states, attention_mask, *args, **kwargs)
+        if self._dtype != torch.bfloat16 or not _bf16_applies(self, hidden_states, attention_mask):
+            return super().forward(hidden_states, attention_mask, *args, **kwargs)
+        layer_inputs = args[0] if args else kwargs.get("layer_inputs")
+        first = 0 if layer_inputs is None else len(layer_inputs)
+        output = super().forward(hidden_states.to(torch.bfloat16), attention_mask, *args, **kwargs)
+        if layer_inputs is not None:  # what a same_layer seq2seq decoder reads: fp32, as elsewhere
+            layer_inputs[first:] = [x.float() for x in layer_inputs[first:]]
+        return output.float()
+
+
+def _bf16_applies(encoder: SeqBertEncoder, hidden_states: torch.Tensor, attention_mask) -> bool:
+    """An optimized encoder computes in bf16 where every layer would take the packed path (`_packable`) on its fp32
+    input and the attention mask is none or boolean (an additive fp32 mask would not fit bf16 scores); elsewhere its
+    layers run their own fp32 forward."""
+    if hidden_states.dtype != torch.float32 or (attention_mask is not None and attention_mask.dtype != torch.bool):
+        return False
+    return all(_packable(layer, hidden_states.device, hidden_states.requires_grad) for layer in encoder.layers)
 
 
 class _OneDnnLayer(SeqBertLayer):
@@ -245,11 +287,19 @@ class LengthGroups:
 
 
 def _takes_packed_path(layer: SeqBertLayer, hidden_states: torch.Tensor) -> bool:
-    """The packed path runs fp32 CPU inputs outside tracing, with no hooks on the modules it bypasses (transformers
-    records `output_attentions` and `output_hidden_states` with hooks); anything else takes the layer's own forward."""
-    if torch.compiler.is_compiling() or hidden_states.device.type != "cpu" or hidden_states.dtype != torch.float32:
+    """The packed path runs CPU inputs of the packed dtype (fp32, or bf16 for a bf16-optimized layer) outside tracing,
+    with no hooks on the modules it bypasses (transformers records `output_attentions` and `output_hidden_states` with
+    hooks); anything else takes the layer's own forward."""
+    return _packable(layer, hidden_states.device, hidden_states.requires_grad) and (
+        hidden_states.dtype == layer._packed["qkv"].dtype
+    )
+
+
+def _packable(layer: SeqBertLayer, device: torch.device, requires_grad: bool) -> bool:
+    """`_takes_packed_path` but for the dtype."""
+    if torch.compiler.is_compiling() or device.type != "cpu":
         return False
-    if torch.is_grad_enabled() and hidden_states.requires_grad:
+    if torch.is_grad_enabled() and requires_grad:
         return False
     bypassed = (layer.attention, layer.mlp, *layer.attention.children(), *layer.mlp.children())
     return not any(module._forward_hooks or module._forward_pre_hooks for module in bypassed)
@@ -265,7 +315,9 @@ def _onednn_class(mixin: type, module_class: type) -> type:
     return _ONEDNN_CLASSES[module_class]
 
 
-def optimize_for_cpu_inference(model: SeqBertPreTrainedModel, int8: bool = False) -> SeqBertPreTrainedModel:
+def optimize_for_cpu_inference(
+    model: SeqBertPreTrainedModel, int8: bool = False, dtype: torch.dtype = torch.float32
+) -> SeqBertPreTrainedModel:
     """
     A copy of `model` for CPU inference whose encoder layers run oneDNN linear layers with prepacked weights and fused
     post-ops (our own combination of the oneDNN operators that inductor lowers frozen linear layers to):
@@ -285,6 +337,14 @@ def optimize_for_cpu_inference(model: SeqBertPreTrainedModel, int8: bool = False
     feature, activations per call; see `PackedLinear`), which moves hidden states as int8 does
     (`scripts/benchmarks/evaluate_int8.py` measures the accuracy a fine-tuned classifier keeps).
 
+    With `dtype=torch.bfloat16` the encoder layers compute in bf16 (Kalamkar et al. 2019, "A Study of BFLOAT16 for
+    Deep Learning Training"): weights rounded to bf16 once, hidden states bf16 between the encoder's layers, every
+    matrix product accumulated in fp32 inside oneDNN, LayerNorm statistics and the attention softmax computed in fp32
+    (torch's mixed-dtype LayerNorm and its CPU flash attention do so for bf16 inputs), and the embeddings, pooler and
+    heads in fp32 as before, so outputs are fp32. On CPUs with AVX512_BF16 or AMX-BF16 this is the fast path. On
+    other AVX-512 CPUs oneDNN emulates bf16, slower than fp32, and a warning says so (`bf16_instructions_available`);
+    on CPUs without AVX-512 torch has no bf16 oneDNN linear, and this raises (`bf16_linear_available`).
+
     The copy is for inference: its parameters do not require grad, and the packed weights are taken now, so changing
     the copy's weights afterwards is not seen by the packed layers; optimize again instead. `save_pretrained` of the
     copy writes the ordinary fp32 weights.
@@ -292,20 +352,30 @@ def optimize_for_cpu_inference(model: SeqBertPreTrainedModel, int8: bool = False
     Args:
         model (`SeqBertPreTrainedModel`): any SeqBERT model with an encoder, on the CPU in float32; left unchanged.
         int8 (`bool`): compute the encoder's linear layers in int8.
+        dtype (`torch.dtype`): `torch.float32` (default) or `torch.bfloat16`, what the encoder layers compute in
+            (not with `int8=True`).
 
     Returns:
         `SeqBertPreTrainedModel`: the optimized copy, in eval mode.
 
     Raises:
-        TypeError: `model` is not a SeqBERT model or `int8` is not a bool.
-        ValueError: `model` is not on the CPU in float32, has no bidirectional encoder layers, or its linear layers
+        TypeError: `model` is not a SeqBERT model, `int8` is not a bool or `dtype` not a `torch.dtype`.
+        ValueError: `dtype` is neither float32 nor bfloat16, or bfloat16 with `int8=True`; `model` is not on the CPU
+            in float32, has no bidirectional encoder layers, or its linear layers
             are wrapped (PEFT adapters: merge them first with `merge_and_unload()`).
-        RuntimeError: this torch build or CPU lacks the oneDNN operators (x86 with AVX2 or better is needed).
+        RuntimeError: this torch build or CPU lacks the oneDNN operators (x86 with AVX2 or better is needed), or, for
+            bf16, oneDNN's bf16 linear (AVX-512 or AVX-NE-CONVERT is needed).
     """
     if not isinstance(model, SeqBertPreTrainedModel):
         raise TypeError(f"model must be a SeqBERT model (SeqBertPreTrainedModel), got {type(model).__name__}")
     if not isinstance(int8, bool):
         raise TypeError(f"int8 must be True or False, got {int8!r}")
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype (torch.float32 or torch.bfloat16), got {dtype!r}")
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"dtype ({dtype}) must be torch.float32 or torch.bfloat16")
+    if int8 and dtype != torch.float32:
+        raise ValueError(f"int8=True computes in int8 with fp32 outputs: leave dtype at torch.float32, got {dtype}")
     for name, parameter in model.named_parameters():
         if parameter.device.type != "cpu" or parameter.dtype != torch.float32:
             raise ValueError(
@@ -336,19 +406,39 @@ def optimize_for_cpu_inference(model: SeqBertPreTrainedModel, int8: bool = False
                     f"layer {name}'s {child_name} is a {type(child).__name__}, not a plain nn.Linear (a PEFT "
                     "adapter?); merge adapters into the weights first (`merge_and_unload()`)"
                 )
+    if dtype == torch.bfloat16 and not bf16_linear_available():
+        raise RuntimeError(
+            "optimize_for_cpu_inference(dtype=torch.bfloat16) needs a CPU on which oneDNN runs bf16: AVX-512 (BW, "
+            "VL, DQ) or AVX-NE-CONVERT, best with AVX512_BF16 or AMX; this CPU has neither (torch reports capability "
+            f"{torch.backends.cpu.get_cpu_capability()!r}): use dtype=torch.float32, or int8=True"
+        )
+    if dtype == torch.bfloat16 and not bf16_instructions_available():
+        _warn_no_bf16_instructions()
     optimized = copy.deepcopy(model).eval().requires_grad_(False)
     for encoder in (m for m in optimized.modules() if isinstance(m, SeqBertEncoder)):
         encoder.__class__ = _onednn_class(_OneDnnEncoder, type(encoder))
+        encoder._dtype = dtype
         for layer in encoder.layers:
             if not isinstance(layer, SeqBertLayer) or layer.attention.is_causal:
                 continue
             attention, mlp = layer.attention, layer.mlp
             layer._packed = {
-                "qkv": PackedLinear([attention.query, attention.key, attention.value], int8),
-                "out_proj": PackedLinear([attention.out_proj], int8),
-                "up_proj": PackedLinear([mlp.up_proj], int8),
-                "down_proj": PackedLinear([mlp.down_proj], int8),
+                "qkv": PackedLinear([attention.query, attention.key, attention.value], int8, dtype),
+                "out_proj": PackedLinear([attention.out_proj], int8, dtype),
+                "up_proj": PackedLinear([mlp.up_proj], int8, dtype),
+                "down_proj": PackedLinear([mlp.down_proj], int8, dtype),
             }
             layer._activation = ONEDNN_ACTIVATIONS.get(layer.attention.config.hidden_act)
             layer.__class__ = _onednn_class(_OneDnnLayer, type(layer))
     return optimized
+
+
+@functools.cache
+def _warn_no_bf16_instructions() -> None:
+    """Once per process: bf16 was asked for on a CPU without bf16 instructions."""
+    warnings.warn(
+        "optimize_for_cpu_inference(dtype=torch.bfloat16): this CPU has no bf16 instructions (AVX512_BF16 or "
+        f"AMX-BF16; torch reports CPU capability {torch.backends.cpu.get_cpu_capability()!r}), so oneDNN emulates "
+        "bf16 and it runs slower than dtype=torch.float32 here; results are still bf16's",
+        stacklevel=3,
+    )
