@@ -7,6 +7,7 @@ import torch
 from transformers import BertModel
 
 import seqbert
+from seqbert.cpu_inference import bf16_instructions_available
 
 
 @torch.inference_mode()
@@ -50,6 +51,13 @@ def test_ctranslate2_and_openvino_compute_bert_on_real_text(minilm_path, tokeniz
         "ctranslate2": benchmark_engines.ctranslate2_engine(fp32, "float32", threads=1),
         "openvino": benchmark_engines.openvino_engine(bert, batch, threads=1),
     }
+    assert engines["openvino"].precision == "fp32" and engines["ctranslate2"].precision == "fp32"
+    # With no hint OpenVINO picks bf16 where the CPU has bf16 instructions, f32 elsewhere; the engine reports it.
+    default = benchmark_engines.openvino_engine(bert, batch, threads=1, precision=None)
+    assert default.precision == ("bf16" if bf16_instructions_available() else "fp32")
+    expected = bert(**batch).last_hidden_state
+    tolerance = 0.1 if default.precision == "bf16" else 1e-4
+    assert (default(batch) - expected)[batch["attention_mask"].bool()].abs().max() < tolerance
     for inputs in (batch, other):
         real = inputs["attention_mask"].bool()
         expected = bert(**inputs).last_hidden_state

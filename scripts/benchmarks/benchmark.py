@@ -8,14 +8,18 @@ CPU cores.
 It needs the `train` and `integrations` extras (`pip install -e ".[train,integrations]"`: onnx, onnxruntime,
 CTranslate2, OpenVINO).
 
-Inference (fp32 unless named int8, `torch.inference_mode`), at each of `--threads` (every engine alike):
+Inference (`torch.inference_mode`), at each of `--threads` (every engine alike), in three precision groups:
 
-- engines (`scripts/benchmarks/benchmark_engines.py`): transformers' `BertModel` (sdpa; the reference of every delta), torch's
-  `nn.TransformerEncoder` fast path over nested tensors, onnxruntime (the exported `BertModel` fused by onnxruntime's
-  BERT optimizer), OpenVINO (f32), CTranslate2 (float32), seqbert's `SeqBertModel` (the default eager model) and
-  `seqbert.optimize_for_cpu_inference` of it; in int8, onnxruntime's dynamic quantization of the fused graph,
-  CTranslate2's int8 and `optimize_for_cpu_inference(model, int8=True)`. Each engine gets its own form of every
-  batch before the clock starts (CTranslate2 ragged id lists, numpy arrays for onnxruntime and OpenVINO);
+- engines (`scripts/benchmarks/benchmark_engines.py`): in fp32, transformers' `BertModel` (sdpa; the reference of every
+  delta), torch's `nn.TransformerEncoder` fast path over nested tensors, onnxruntime (the exported `BertModel` fused by
+  onnxruntime's BERT optimizer), OpenVINO pinned to f32, CTranslate2 (float32), seqbert's `SeqBertModel` (the default
+  eager model) and `seqbert.optimize_for_cpu_inference` of it; at the precision users get by default, OpenVINO with
+  no precision hint (bf16 on CPUs with AVX512_BF16 or AMX), `BertModel` in bf16 and
+  `optimize_for_cpu_inference(model, dtype=torch.bfloat16)` (the two bf16 torch engines only where oneDNN runs bf16,
+  AVX-512 CPUs); in int8, onnxruntime's dynamic quantization of the fused graph, CTranslate2's int8 and
+  `optimize_for_cpu_inference(model, int8=True)`. Each engine gets its own form of every batch before the clock
+  starts (CTranslate2 ragged id lists, numpy arrays for onnxruntime and OpenVINO). Every row records the CPU's ISA
+  (torch's capability, AVX512_BF16, AMX) and every engine the precision it ran, read back from OpenVINO;
 - models: MiniLM-L6 (real weights) and a seeded bert-base-width model with 4 layers;
 - `real_length`: Rotten Tomatoes snippets in batches of 32 with dynamic padding (`DataCollatorWithPadding`), as a
   classifier sees them; `dense` (bert-base width only): a batch of 8 x 128 real tokens (snippets cut into blocks);
@@ -42,14 +46,16 @@ Training and generation, at all cores:
 Each timed workload runs its contenders in turn, `--repeats` times; tables show medians, the JSON also the fastest and
 slowest repeat. Per workload: real (non-padding) tokens per second (generated tokens for generation), seqbert's
 speed-up over each contender, the max |delta| from the reference on real tokens (hidden states, logits or losses; for
-generation whether the ids are identical), and the fraction of the fp32 matmul peak reached: 2 FLOPs per
+generation whether the ids are identical), and the fraction of the matmul peak reached: 2 FLOPs per
 multiply-add of the linear layers on real tokens and of attention on each sequence's real length (x3 for training),
-over the fastest 2048^3 fp32 matrix product at the same thread count (torch.mm or oneDNN's prepacked linear, whichever
-is faster), timed between the workload's rounds.
+over the fastest 2048^3 matrix product of the engine's precision at the same thread count (fp32: torch.mm or oneDNN's
+prepacked linear, whichever is faster; bf16: oneDNN's prepacked bf16 linear), timed between the workload's rounds.
 """
 
+import contextlib
 import gc
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -71,7 +77,7 @@ from transformers import (
 )
 
 import seqbert
-from seqbert.cpu_inference import onednn_available
+from seqbert.cpu_inference import bf16_instructions_available, bf16_linear_available, onednn_available
 from seqbert.data import convention_speeches, load_bible_pairs, load_rotten_tomatoes, minilm_checkpoint_path
 from seqbert.script_utils import ScriptInputError, parse_arguments, run_cli, script_parser, write_json
 
@@ -115,8 +121,14 @@ FP32_ENGINES = (
     "seqbert",
     "seqbert_optimized",
 )
+# What users get without choosing a precision (OpenVINO's CPU default: bf16 where the CPU has AVX512_BF16 or AMX),
+# and the bf16 contenders. CTranslate2 has no bf16 on the CPU.
+BF16_ENGINES = ("transformers_bf16", "openvino_default", "seqbert_optimized_bf16")
 INT8_ENGINES = ("onnxruntime_int8", "ctranslate2_int8", "seqbert_optimized_int8")
-INFERENCE_ENGINES = FP32_ENGINES + INT8_ENGINES
+INFERENCE_ENGINES = FP32_ENGINES + BF16_ENGINES + INT8_ENGINES
+# seqbert's engine that each group's ratios are taken for.
+OURS = {"fp32": "seqbert_optimized", "bf16": "seqbert_optimized_bf16", "int8": "seqbert_optimized_int8"}
+GROUPS = {"fp32": FP32_ENGINES, "bf16": BF16_ENGINES, "int8": INT8_ENGINES}
 # Lengths of the long-input sweep (tokens, the convention speeches truncated there).
 LONG_LENGTHS = (64, 128, 256, 512)
 
@@ -134,6 +146,12 @@ class MatmulPeak:
         if onednn_available():
             packed = torch.ops.mkldnn._reorder_linear_weight(self.b, None)
             self.products["onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(self.a, packed, None, "none", [], "")
+        if onednn_available() and bf16_linear_available():
+            a16 = self.a.bfloat16()
+            packed16 = torch.ops.mkldnn._reorder_linear_weight(self.b.bfloat16(), None)
+            self.products["onednn_bf16"] = lambda: torch.ops.mkldnn._linear_pointwise(
+                a16, packed16, None, "none", [], ""
+            )
         self.best_seconds: dict[tuple[str, int], float] = {}
 
     def probe(self) -> None:
@@ -143,11 +161,12 @@ class MatmulPeak:
                 key = (name, threads)
                 self.best_seconds[key] = min(timed(product), self.best_seconds.get(key, float("inf")))
 
-    def gflops(self, threads: int | None = None, product: str | None = None) -> float:
-        """The peak at `threads` (default: torch's current count) of `product`, or of the faster one."""
+    def gflops(self, threads: int | None = None, product: str | None = None, precision: str = "fp32") -> float:
+        """The peak at `threads` (default: torch's current count) of `product`, or of the fastest product of
+        `precision` ("fp32": torch.mm or oneDNN; "bf16": oneDNN's bf16 product, where the CPU runs one)."""
         threads = threads or torch.get_num_threads()
-        names = [product] if product else list(self.products)
-        return max(2 * self.size**3 / self.best_seconds[name, threads] / 1e9 for name in names)
+        names = [product] if product else [n for n in self.products if n.endswith("_bf16") == (precision == "bf16")]
+        return max((2 * self.size**3 / self.best_seconds[name, threads] / 1e9 for name in names), default=math.nan)
 
     def table(self) -> dict:
         """{product: {threads: GFLOP/s}} for the JSON."""
@@ -233,9 +252,25 @@ def long_batches(tokenizer, length: int, num_batches: int = 3, batch_size: int =
     ]
 
 
+def cpu_isa() -> dict:
+    """What decides the engines' kernels on this CPU: torch's capability and the bf16 / int8 matrix instructions."""
+    flags = set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    return {
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        **{flag: flag in flags for flag in ("avx512_bf16", "amx_bf16", "amx_int8", "avx512_vnni")},
+        "bf16_in_hardware": bf16_instructions_available(),
+    }
+
+
 def fastest_other(results: dict, ours: str, engines: tuple[str, ...]) -> dict:
-    """How many times faster `ours` is than the fastest of `engines` that is not seqbert's: {engine, ratio}."""
-    others = [name for name in engines if not name.startswith("seqbert")]
+    """How many times faster `ours` is than the fastest of `engines` (those run) that is not seqbert's:
+    {engine, ratio}."""
+    others = [name for name in engines if not name.startswith("seqbert") and name in results]
     fastest = min(others, key=lambda name: results[name]["seconds"])
     return {"engine": fastest, "ratio": results[fastest]["seconds"] / results[ours]["seconds"]}
 
@@ -254,24 +289,31 @@ def inference_rows(
     ctranslate2_models = {q: benchmark_engines.convert_ctranslate2(bert_folder, folder, q) for q in ("float32", "int8")}
     start = time.perf_counter()
     optimized = {
-        "seqbert_optimized": seqbert.optimize_for_cpu_inference(model),
-        "seqbert_optimized_int8": seqbert.optimize_for_cpu_inference(model, int8=True),
+        "seqbert_optimized": (seqbert.optimize_for_cpu_inference(model), "fp32"),
+        "seqbert_optimized_int8": (seqbert.optimize_for_cpu_inference(model, int8=True), "int8"),
     }
     startup_seconds = (time.perf_counter() - start) / 2
-    modules = {"transformers": bert, "nested_tensor": benchmark_engines.NestedTensorBert(bert), "seqbert": model}
-    modules |= optimized
+    modules = {
+        "transformers": (bert, "fp32"),
+        "nested_tensor": (benchmark_engines.NestedTensorBert(bert), "fp32"),
+        "seqbert": (model, "fp32"),
+    } | optimized
+    if bf16_linear_available():  # torch's bf16 oneDNN linear needs AVX-512; without it the bf16 rows are left out
+        modules["transformers_bf16"] = (BertModel.from_pretrained(bert_folder, dtype=torch.bfloat16).eval(), "bf16")
+        modules["seqbert_optimized_bf16"] = (seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16), "bf16")
     available = torch.get_num_threads()
     rows = []
     for count in sorted({count for _, counts in workloads.values() for count in counts}):
         torch.set_num_threads(count)
-        engines = {name: benchmark_engines.torch_engine(module) for name, module in modules.items()}
+        engines = {name: benchmark_engines.torch_engine(m, precision) for name, (m, precision) in modules.items()}
         engines["onnxruntime"] = benchmark_engines.onnxruntime_engine(onnx_fp32, count)
-        engines["onnxruntime_int8"] = benchmark_engines.onnxruntime_engine(onnx_int8, count)
+        engines["onnxruntime_int8"] = benchmark_engines.onnxruntime_engine(onnx_int8, count, "int8")
         engines["openvino"] = benchmark_engines.openvino_engine(bert, sample, count)
+        engines["openvino_default"] = benchmark_engines.openvino_engine(bert, sample, count, precision=None)
         for quantization, suffix in (("float32", ""), ("int8", "_int8")):
             path = ctranslate2_models[quantization]
             engines["ctranslate2" + suffix] = benchmark_engines.ctranslate2_engine(path, quantization, count)
-        engines = {name: engines[name] for name in INFERENCE_ENGINES}
+        engines = {name: engines[name] for name in INFERENCE_ENGINES if name in engines}
         for workload, (batches, counts) in workloads.items():
             if count not in counts:
                 continue
@@ -295,10 +337,15 @@ def inference_rows(
                     for batch, reference, mask in zip(batches, references, masks, strict=True)
                 )
                 summary = median_and_spread(times[name])
+                peak_precision = "bf16" if engine.precision == "bf16" else "fp32"
                 results[name] = summary | {
                     "tokens_per_s": real / summary["seconds"],
                     "max_abs_delta": delta,
+                    "precision": engine.precision,
                     "fraction_of_matmul_peak": flops / summary["seconds"] / 1e9 / peak.gflops(count),
+                    f"fraction_of_{peak_precision}_matmul_peak": (
+                        flops / summary["seconds"] / 1e9 / peak.gflops(count, precision=peak_precision)
+                    ),
                 }
             rows.append(
                 {
@@ -309,17 +356,26 @@ def inference_rows(
                     "real_tokens": real,
                     "padding_fraction": 1 - real / sum(mask.numel() for mask in masks),
                     "engines": results,
+                    "isa": cpu_isa(),
                     **{
                         f"{ours}_speedup": {
                             name: row["seconds"] / results[ours]["seconds"] for name, row in results.items()
                         }
-                        for ours in ("seqbert", "seqbert_optimized", "seqbert_optimized_int8")
+                        for ours in ("seqbert", *OURS.values())
+                        if ours in results
                     },
                     "int8_speedup": results["seqbert_optimized"]["seconds"]
                     / results["seqbert_optimized_int8"]["seconds"],
+                    # Against the fastest engine of the same precision group, and (bf16 and int8) of any precision.
                     "against_fastest_other": {
-                        "fp32": fastest_other(results, "seqbert_optimized", FP32_ENGINES),
-                        "int8": fastest_other(results, "seqbert_optimized_int8", INT8_ENGINES),
+                        group: fastest_other(results, OURS[group], GROUPS[group])
+                        for group in OURS
+                        if OURS[group] in results
+                    },
+                    "against_fastest_any": {
+                        group: fastest_other(results, OURS[group], tuple(results))
+                        for group in OURS
+                        if OURS[group] in results
                     },
                     "optimize_for_cpu_inference_seconds": startup_seconds,
                     "onnxruntime_fused_operators": fused_ops,
@@ -340,13 +396,15 @@ def inference_chart(rows: list[dict], path: str) -> None:
     figure = Figure(figsize=(12, 8.5), layout="constrained")
     grid = figure.add_gridspec(2, max(1, len(sweep_models)), height_ratios=(1.2, 1))
     axes = figure.add_subplot(grid[0, :])
-    width = 0.8 / len(INFERENCE_ENGINES)
-    for index, name in enumerate(INFERENCE_ENGINES):
+    names = [name for name in INFERENCE_ENGINES if all(name in row["engines"] for row in rows)]
+    width = 0.8 / len(names)
+    for index, name in enumerate(names):
         heights = [
             row["engines"][name]["tokens_per_s"] / row["engines"]["transformers"]["tokens_per_s"] for row in bar_rows
         ]
-        positions = [group + (index - (len(INFERENCE_ENGINES) - 1) / 2) * width for group in range(len(bar_rows))]
-        axes.bar(positions, heights, width, label=name)
+        positions = [group + (index - (len(names) - 1) / 2) * width for group in range(len(bar_rows))]
+        precision = bar_rows[0]["engines"][name]["precision"]
+        axes.bar(positions, heights, width, label=f"{name} ({precision})", hatch="//" if precision == "bf16" else None)
     axes.set_xticks(
         range(len(bar_rows)),
         [f"{row['model']}\n{row['workload']}, {row['threads']} thr." for row in bar_rows],
@@ -360,8 +418,8 @@ def inference_chart(rows: list[dict], path: str) -> None:
         sweep = [row for row in rows if row["model"] == model_name and row["workload"].startswith("long_")]
         lengths = [int(row["workload"].removeprefix("long_")) for row in sweep]
         panel = figure.add_subplot(grid[1, column])
-        for name in INFERENCE_ENGINES:
-            style = "-" if name in FP32_ENGINES else "--"
+        for name in names:
+            style = "-" if name in FP32_ENGINES else ":" if name in BF16_ENGINES else "--"
             panel.plot(lengths, [row["engines"][name]["tokens_per_s"] for row in sweep], style, marker="o", label=name)
         panel.set_xscale("log", base=2)
         panel.set_xticks(lengths, [str(length) for length in lengths])
@@ -609,27 +667,32 @@ def print_tables(results: dict, repeats: int) -> None:
         f"{name}: " + ", ".join(f"{gflops:.0f} GFLOP/s at {count} threads" for count, gflops in table.items())
         for name, table in results["machine"]["matmul_peak_gflops"].items()
     )
-    print(f"\nfp32 matmul peak (fastest 2048^3 product): {peaks}; medians of {repeats}")
+    print(f"\nmatmul peaks (fastest 2048^3 product): {peaks}; medians of {repeats}")
+    if results["inference"]:
+        print(f"CPU: {results['inference'][0]['isa']}")
     print(
-        "\ninference: real tokens/s per engine [seqbert_optimized's (fp32 rows) or seqbert_optimized_int8's (int8 rows)"
-        " speed-up over it], max |delta| from BertModel on real tokens, share of the matmul peak"
+        "\ninference: real tokens/s per engine, the precision it ran (read back from the engine), [the speed-up over"
+        " it of seqbert's optimized engine of that precision group: fp32, bf16 (default-precision group) or int8],"
+        " max |delta| from BertModel on real tokens, share of the matmul peak of its precision"
     )
     for row in results["inference"]:
         print(
             f"{row['model']}, {row['workload']} ({100 * row['padding_fraction']:.0f}% padding), {row['threads']} threads:"
         )
         for name, engine in row["engines"].items():
-            ours = "seqbert_optimized_int8" if name in INT8_ENGINES else "seqbert_optimized"
+            group = next(group for group, names in GROUPS.items() if name in names)
+            speedup = row.get(OURS[group] + "_speedup", {}).get(name, math.nan)
+            share = engine.get("fraction_of_bf16_matmul_peak", engine.get("fraction_of_fp32_matmul_peak", math.nan))
             print(
-                f"  {name:<24} {engine['tokens_per_s']:>8.0f} tok/s  [{row[ours + '_speedup'][name]:5.2f}x]  "
-                f"delta {engine['max_abs_delta']:.1e}  {100 * engine['fraction_of_matmul_peak']:5.1f}% of peak"
+                f"  {name:<24} {engine['precision']:>5} {engine['tokens_per_s']:>8.0f} tok/s  [{speedup:5.2f}x]  "
+                f"delta {engine['max_abs_delta']:.1e}  {100 * share:5.1f}% of peak"
             )
         fastest = row["against_fastest_other"]
         print(
-            f"  vs CTranslate2: fp32 {row['seqbert_optimized_speedup']['ctranslate2']:.2f}x, int8 "
-            f"{row['seqbert_optimized_int8_speedup']['ctranslate2_int8']:.2f}x; vs the fastest other engine: fp32 "
-            f"{fastest['fp32']['ratio']:.2f}x ({fastest['fp32']['engine']}), int8 {fastest['int8']['ratio']:.2f}x "
-            f"({fastest['int8']['engine']}); int8 / fp32 optimized {row['int8_speedup']:.2f}x"
+            "  vs the fastest other engine of the group: "
+            + ", ".join(f"{g} {f['ratio']:.2f}x ({f['engine']})" for g, f in fastest.items())
+            + "; of any precision: "
+            + ", ".join(f"{g} {f['ratio']:.2f}x ({f['engine']})" for g, f in row["against_fastest_any"].items())
         )
     print(f"\n{'workload':<26} {'reference tok/s':>16} {'seqbert tok/s':>14} {'ratio':>6} {'max|delta|':>11}")
     for name, row in results.items():

@@ -22,9 +22,12 @@ nothing else.
   `TransformersConverter` (float32, or `quantization="int8"` with `compute_type="int8"`), fed ragged batches (each
   sequence's real ids and segment ids only), as its API takes them.
 - `openvino`: `openvino.convert_model` of `BertModel` with dynamic batch and length, compiled for the CPU with the f32
-  inference precision hint.
-- seqbert's own engines are `torch_engine`s of `SeqBertModel` and of `seqbert.optimize_for_cpu_inference` (fp32 and
-  int8).
+  inference precision hint; `openvino_default`: the same model compiled with no hint, as sentence-transformers'
+  `backend="openvino"` and optimum-intel compile it: bf16 on CPUs with AVX512_BF16 or AMX, f32 elsewhere (the
+  precision it chose is read back from the compiled model).
+- `transformers_bf16`: `BertModel` loaded in bf16 (`dtype=torch.bfloat16`).
+- seqbert's own engines are `torch_engine`s of `SeqBertModel` and of `seqbert.optimize_for_cpu_inference` (fp32,
+  bf16 and int8).
 """
 
 import warnings
@@ -53,6 +56,7 @@ class Engine:
 
     prepare: Callable[[dict], Callable[[], object]]
     padded: Callable[[object, dict], torch.Tensor]
+    precision: str = "fp32"  # what the engine computes in, read back from the engine where it chooses
 
     def __call__(self, batch: dict) -> torch.Tensor:
         return self.padded(self.prepare(batch)(), batch)
@@ -146,8 +150,9 @@ def export_fused_onnx(bert_folder: str, sample: dict, folder: Path) -> tuple[Pat
     return fused, int8, fused_ops
 
 
-def onnxruntime_engine(path: Path, threads: int) -> Engine:
-    """An onnxruntime CPU session on `path` with `threads` intra-op threads (and one inter-op thread)."""
+def onnxruntime_engine(path: Path, threads: int, precision: str = "fp32") -> Engine:
+    """An onnxruntime CPU session on `path` with `threads` intra-op threads (and one inter-op thread); `precision`
+    labels the graph ("fp32", or "int8" for the quantized one)."""
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
@@ -158,18 +163,20 @@ def onnxruntime_engine(path: Path, threads: int) -> Engine:
         feed = {name: np.ascontiguousarray(batch[name].numpy(), dtype=np.int64) for name in ONNX_INPUTS}
         return lambda: session.run(None, feed)
 
-    return Engine(prepare, lambda output, batch: torch.from_numpy(output[0]))
+    return Engine(prepare, lambda output, batch: torch.from_numpy(output[0]), precision)
 
 
-def torch_engine(model: nn.Module) -> Engine:
-    """`model(**batch)`'s first output (`last_hidden_state`) for seqbert and transformers models; the tensor itself
-    for `NestedTensorBert`."""
+def torch_engine(model: nn.Module, precision: str = "fp32") -> Engine:
+    """`model(**batch)`'s first output (`last_hidden_state`, as fp32) for seqbert and transformers models; the tensor
+    itself for `NestedTensorBert`. `precision` labels what the model computes in."""
 
     def prepare(batch: dict) -> Callable[[], object]:
         inputs = {name: batch[name] for name in ONNX_INPUTS}
         return lambda: model(**inputs)
 
-    return Engine(prepare, lambda output, batch: output if isinstance(output, torch.Tensor) else output[0])
+    return Engine(
+        prepare, lambda output, batch: (output if isinstance(output, torch.Tensor) else output[0]).float(), precision
+    )
 
 
 class _Bert5Converter(ctranslate2.converters.TransformersConverter):
@@ -215,23 +222,29 @@ def ctranslate2_engine(path: Path, compute_type: str, threads: int) -> Engine:
         result[:, : states.shape[1]] = states
         return result
 
-    return Engine(prepare, padded)
+    return Engine(prepare, padded, "int8" if compute_type == "int8" else "fp32")
 
 
-def openvino_engine(bert: BertModel, sample: dict, threads: int) -> Engine:
-    """`BertModel` converted by OpenVINO (dynamic batch and length) and compiled for the CPU in f32."""
+def openvino_engine(bert: BertModel, sample: dict, threads: int, precision: str | None = "f32") -> Engine:
+    """`BertModel` converted by OpenVINO (dynamic batch and length) and compiled for the CPU with the inference
+    precision hint `precision` ("f32"), or with none (`None`: OpenVINO's default for the CPU). The engine's
+    `precision` is the one the compiled model reports (`INFERENCE_PRECISION_HINT`)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings
         model = openvino.convert_model(bert, example_input={name: sample[name] for name in ONNX_INPUTS})
     for model_input in model.inputs:
         model_input.get_node().set_partial_shape(openvino.PartialShape([-1, -1]))
     model.validate_nodes_and_infer_types()
-    config = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads}
+    config = {"INFERENCE_NUM_THREADS": threads}
+    if precision is not None:
+        config["INFERENCE_PRECISION_HINT"] = precision
     compiled = openvino.Core().compile_model(model, "CPU", config)
     request = compiled.create_infer_request()
+    hint = compiled.get_property("INFERENCE_PRECISION_HINT")  # an openvino.Type: "f32", "bf16", "f16"
+    chosen = {"f32": "fp32", "f16": "fp16"}.get(hint.to_string(), hint.to_string())
 
     def prepare(batch: dict) -> Callable[[], object]:
         feed = {name: batch[name].numpy() for name in ONNX_INPUTS}
         return lambda: request.infer(feed)[compiled.output(0)]
 
-    return Engine(prepare, lambda output, batch: torch.from_numpy(output.copy()))
+    return Engine(prepare, lambda output, batch: torch.from_numpy(output.copy()), chosen)
