@@ -30,7 +30,9 @@ Training and generation, at all cores:
 
 - `real_length_training`: `BertForSequenceClassification` vs `SeqBertForSequenceClassification` (bert-base size, dropout
   0, so both see the same computation), forward + backward + optimizer step on the real-length batches, each model with
-  its own optimizer: `Trainer`'s default, fused AdamW;
+  its own optimizer: `Trainer`'s default, fused AdamW; `real_length_training_bf16`: the same under
+  `torch.autocast("cpu", dtype=torch.bfloat16)` (what `Trainer --bf16` does on a CPU), with seqbert's fp32 step timed
+  in the same rounds;
 - `seq2seq_training`: the same steps for transformers' `EncoderDecoderModel` (MiniLM BERT2BERT) and the
   `SeqBertForConditionalGeneration` converted from it (identical weights and computation, dropout 0), on King James ->
   World English verse pairs in batches of 8 (`DataCollatorForSeq2Seq`), as `scripts/examples/run_seq2seq.py` trains;
@@ -102,6 +104,7 @@ class BenchmarkArguments:
     skip_training: bool = field(
         default=False, metadata={"help": "Inference only: leave out training, generation and memory."}
     )
+    skip_inference: bool = field(default=False, metadata={"help": "Leave out the inference workloads."})
     memory_probe: str | None = field(
         default=None, metadata={"help": "Internal: 'reference' or 'seqbert', measure one training step's peak RSS."}
     )
@@ -441,13 +444,16 @@ def trainer_optimizer(model) -> torch.optim.Optimizer:
     return optimizer_cls(model.parameters(), **kwargs)
 
 
-def training_steps(model, batches, losses: list):
-    """A function that runs one step of `trainer_optimizer` of `model` per batch and appends each loss to `losses`."""
+def training_steps(model, batches, losses: list, bf16: bool = False):
+    """A function that runs one step of `trainer_optimizer` of `model` per batch and appends each loss to `losses`;
+    with `bf16`, the forward pass under `torch.autocast("cpu", dtype=torch.bfloat16)`, as `Trainer` runs `--bf16` on a
+    CPU (fp32 weights and optimizer)."""
     optimizer = trainer_optimizer(model)
 
     def run():
         for batch in batches:
-            loss = model(**batch).loss
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = model(**batch).loss
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
@@ -468,15 +474,23 @@ def _training_result(times: dict, losses: dict, batches: list[dict]) -> dict:
     }
 
 
-def training_workload(cls_folder: str, batches, repeats, peak: MatmulPeak) -> dict:
+def training_workload(cls_folder: str, batches, repeats, peak: MatmulPeak, bf16: bool = False) -> dict:
+    """`BertForSequenceClassification` against `SeqBertForSequenceClassification`, each with its own optimizer; with
+    `bf16` both under bf16 autocast, and seqbert's fp32 step timed in the same rounds (`seconds["seqbert_fp32"]`)."""
     reference = BertForSequenceClassification.from_pretrained(cls_folder).train()
     model = seqbert.SeqBertForSequenceClassification.from_bert_pretrained(cls_folder).train()
-    losses = {"reference": [], "seqbert": []}
+    losses = {"reference": [], "seqbert": [], "seqbert_fp32": []}
     runs = {
-        "reference": training_steps(reference, batches, losses["reference"]),
-        "seqbert": training_steps(model, batches, losses["seqbert"]),
+        "reference": training_steps(reference, batches, losses["reference"], bf16),
+        "seqbert": training_steps(model, batches, losses["seqbert"], bf16),
     }
-    return _training_result(interleave(runs, repeats, between=peak.probe), losses, batches)
+    if bf16:
+        fp32 = seqbert.SeqBertForSequenceClassification.from_bert_pretrained(cls_folder).train()
+        runs["seqbert_fp32"] = training_steps(fp32, batches, losses["seqbert_fp32"])
+    result = _training_result(interleave(runs, repeats, between=peak.probe), losses, batches)
+    if bf16:
+        result["bf16_speedup_over_seqbert_fp32"] = result["seconds"]["seqbert_fp32"] / result["seconds"]["seqbert"]
+    return result
 
 
 def seq2seq_batches(tokenizer, num_batches: int, batch_size: int = 8) -> list[dict]:
@@ -615,14 +629,17 @@ def main(argv: list[str] | None = None) -> dict:
                 {"real_length": (batches, args.threads), "dense": (dense, args.threads)} | long,
             ),
         ):
-            results["inference"] += inference_rows(model_name, folder, workloads, args.repeats, peak, tmp)
+            if not args.skip_inference:
+                results["inference"] += inference_rows(model_name, folder, workloads, args.repeats, peak, tmp)
         if args.skip_training:
             return finish(results, peak, args)
         results["real_length_training"] = training_workload(cls_folder, batches, args.repeats, peak)
+        results["real_length_training_bf16"] = training_workload(cls_folder, batches, args.repeats, peak, bf16=True)
+        results["real_length_training_bf16"]["isa"] = cpu_isa()
         training_flops = 3 * encoder_flops(BertConfig(), batches)
         results["seq2seq_training"] = seq2seq_training_workload(tokenizer, tmp, args.num_batches, args.repeats, peak)
     results["padding_free_mlm_training"] = padding_free_workload(batches, args.repeats)
-    for name in ("real_length_training", "seq2seq_training", "padding_free_mlm_training"):
+    for name in ("real_length_training", "real_length_training_bf16", "seq2seq_training", "padding_free_mlm_training"):
         row = results[name]
         row["reference_tokens_per_s"] = row["real_tokens"] / row["seconds"]["reference"]
         row["seqbert_tokens_per_s"] = row["real_tokens"] / row["seconds"]["seqbert"]
@@ -657,7 +674,7 @@ def finish(results: dict, peak: MatmulPeak, args: BenchmarkArguments) -> dict:
     results["machine"]["matmul_peak_gflops"] = peak.table()
     print_tables(results, args.repeats)
     write_json(args.json_file, results)
-    if args.chart_file:
+    if args.chart_file and results["inference"]:
         inference_chart(results["inference"], args.chart_file)
     return results
 
@@ -707,6 +724,12 @@ def print_tables(results: dict, repeats: int) -> None:
     if "real_length_training" in results:
         share = results["real_length_training"]["seqbert_fraction_of_matmul_peak"]
         print(f"seqbert training step: {100 * share:.1f}% of the matmul peak")
+    if "real_length_training_bf16" in results:
+        row = results["real_length_training_bf16"]
+        print(
+            f"bf16 autocast training step: seqbert {row['ratio']:.2f}x BERT under the same autocast, "
+            f"{row['bf16_speedup_over_seqbert_fp32']:.2f}x seqbert's own fp32 step (CPU: {row['isa']})"
+        )
     if "training_memory" in results:
         mem = results["training_memory"]
         print(
