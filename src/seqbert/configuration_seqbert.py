@@ -58,7 +58,7 @@ SEQ2SEQ_AUTO_MAP = {"AutoModelForSeq2SeqLM": "modeling_seqbert.SeqBertForConditi
 CAUSAL_LM_AUTO_MAP = {"AutoModelForCausalLM": "modeling_seqbert.SeqBertForCausalLM"}
 
 
-def _check_int(name: str, value, minimum: int) -> None:
+def _check_int(name: str, value, minimum: float) -> None:
     """Raise `TypeError`/`ValueError` unless `value` is an int (not a bool) that is at least `minimum`."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {value!r} of type {type(value).__name__}")
@@ -341,7 +341,7 @@ class SeqBertConfig(PretrainedConfig):
             # A negative pad / bos / eos id means "no such token", as in transformers (whose config validation warns
             # about it, and whose `generate` then never stops early on eos). A decoder start id is fed to the decoder,
             # so it must be a real token.
-            _check_int(name, value, 0 if name in _REAL_TOKEN_IDS else -(2**63))
+            _check_int(name, value, 0 if name in _REAL_TOKEN_IDS else -math.inf)
             if value >= self.vocab_size:
                 raise ValueError(f"{name} ({value}) must be < vocab_size ({self.vocab_size})")
 
