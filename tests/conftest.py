@@ -35,6 +35,9 @@ for _folder in sorted({str(path.parent) for path in SCRIPT_PATHS.values()}):
     if _folder not in sys.path:
         sys.path.insert(0, _folder)
 
+import check_transformers_versions  # noqa: E402  (scripts/checks, on sys.path above)
+
+
 # Hypothesis profiles. "ci", the default, is what README's test command runs: derandomized (every run draws the same
 # examples) and without an example database, so the suite cannot pass or fail by chance: a red run means a change
 # broke something. "campaign" (SEQBERT_HYPOTHESIS_PROFILE=campaign) draws new random examples on every run and raises
@@ -232,28 +235,34 @@ def _run_script(name: str, output_dir: Path, *args: str) -> Path:
     return output_dir
 
 
-def run_without_seqbert(jobs: list[dict], tmp_path: Path, with_seqbert: bool = False) -> dict[str, torch.Tensor]:
-    """Run `scripts/hub/load_without_seqbert.py` on `jobs` in a process where `import seqbert` fails (offline, a fresh
-    dynamic-module cache) and return the tensors it stored. With `with_seqbert`, run the `forward` and `generate`
-    jobs instead in a fresh process that loads the folders with the installed seqbert
-    (tests/seqbert_reference_outputs.py): the reference that the first is compared with bit for bit, since two
-    fresh processes with the same environment compute with the same kernels and threads."""
-    side = "with" if with_seqbert else "without"
+def _run_jobs(script: Path, jobs: list[dict], tmp_path: Path, side: str) -> dict[str, torch.Tensor]:
+    """Run a jobs script (`SCRIPT JOBS.json OUTPUT.safetensors`) in a fresh process (offline, its own dynamic-module
+    cache, standard input closed) and return the tensors it stored. Fails on a trust_remote_code prompt or a fallback
+    to a generic config anywhere on the way (`check_transformers_versions.LOADING_COMPLAINTS`)."""
     jobs_path, output_path = tmp_path / f"jobs_{side}.json", tmp_path / f"outputs_{side}.safetensors"
     jobs_path.write_text(json.dumps(jobs))
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / f"modules_{side}"))
     env.pop("PYTHONPATH", None)
-    script = Path(__file__).with_name("seqbert_reference_outputs.py") if with_seqbert else None
-    script = script or SCRIPT_PATHS["load_without_seqbert.py"]
     command = [sys.executable, str(script), str(jobs_path), str(output_path)]
     result = subprocess.run(
         command, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path, stdin=subprocess.DEVNULL
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    # No trust_remote_code prompt and no fallback to a generic config anywhere on the way.
-    assert "Do you wish to run the custom code" not in result.stdout + result.stderr
-    assert "to instantiate a model of type" not in result.stdout + result.stderr
+    for complaint in check_transformers_versions.LOADING_COMPLAINTS:
+        assert complaint not in result.stdout + result.stderr, complaint
     return load_file(output_path)
+
+
+def run_without_seqbert(jobs: list[dict], tmp_path: Path) -> dict[str, torch.Tensor]:
+    """Run `scripts/hub/load_without_seqbert.py` on `jobs` in a process where `import seqbert` fails (`_run_jobs`)."""
+    return _run_jobs(SCRIPT_PATHS["load_without_seqbert.py"], jobs, tmp_path, "without")
+
+
+def run_with_seqbert(jobs: list[dict], tmp_path: Path) -> dict[str, torch.Tensor]:
+    """The `forward` and `generate` jobs of `jobs` in a fresh process that loads the folders with the installed
+    seqbert (tests/seqbert_reference_outputs.py): the reference `run_without_seqbert` is compared with bit for bit,
+    since two fresh processes with the same environment compute with the same kernels and threads."""
+    return _run_jobs(Path(__file__).with_name("seqbert_reference_outputs.py"), jobs, tmp_path, "with")
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from pathlib import Path
 import push_to_hub  # noqa: E402
 import pytest
 import torch
-from conftest import SCRIPT_PATHS, run_without_seqbert, tiny_config
+from conftest import SCRIPT_PATHS, run_with_seqbert, run_without_seqbert, tiny_config
 from hub_recorder import record_hub_requests
 from huggingface_hub import ModelCard
 from safetensors.torch import save_file
@@ -189,7 +189,7 @@ def test_every_head_and_generate_match_in_a_process_without_seqbert(
     # in another order and these hidden states differed from the subprocess's by 2.6e-6.
     for key in ("tokenizer.input_ids", "tokenizer.class_input_ids"):
         assert torch.equal(outputs.pop(key), expected.pop(key)), key
-    reference = run_without_seqbert(jobs, tmp_path, with_seqbert=True)
+    reference = run_with_seqbert(jobs, tmp_path)
     assert set(outputs) == set(reference) == set(expected)
     for key, value in reference.items():
         assert torch.equal(outputs[key], value), (key, (outputs[key] - value).abs().max())

@@ -43,6 +43,9 @@ from seqbert.script_utils import script_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNNER = ROOT / "scripts" / "hub" / "load_without_seqbert.py"
+# What transformers prints when a folder's code would need trust_remote_code (the prompt) or when it falls back to a
+# generic config: neither may appear while a saved folder loads.
+LOADING_COMPLAINTS = ("Do you wish to run the custom code", "to instantiate a model of type")
 # The newest patch of every 5.x minor release up to the one this project is developed with, and three 4.x releases
 # (which must stop with SeqBERT's one-line message).
 DEFAULT_VERSIONS = [
@@ -126,9 +129,9 @@ def run_jobs(python: str, jobs: list[dict], work: Path, name: str) -> tuple[dict
     if result.returncode != 0:
         lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
         return None, lines[-1] if lines else f"exit status {result.returncode}"
-    for sign in ("Do you wish to run the custom code", "to instantiate a model of type"):
-        if sign in result.stdout + result.stderr:  # a prompt, or a fallback to a generic config, on the way
-            return None, f"the output says {sign!r}"
+    for complaint in LOADING_COMPLAINTS:
+        if complaint in result.stdout + result.stderr:
+            return None, f"the output says {complaint!r}"
     return load_file(output), ""
 
 

@@ -361,8 +361,8 @@ def optimize_for_cpu_inference(
     Raises:
         TypeError: `model` is not a SeqBERT model, `int8` is not a bool or `dtype` not a `torch.dtype`.
         ValueError: `dtype` is neither float32 nor bfloat16, or bfloat16 with `int8=True`; `model` is not on the CPU
-            in float32, has no bidirectional encoder layers, or its linear layers
-            are wrapped (PEFT adapters: merge them first with `merge_and_unload()`).
+            in float32, has no bidirectional encoder layers, or its linear layers are wrapped (PEFT adapters: merge
+            them first with `merge_and_unload()`).
         RuntimeError: this torch build or CPU lacks the oneDNN operators (x86 with AVX2 or better is needed), or, for
             bf16, oneDNN's bf16 linear (AVX-512 or AVX-NE-CONVERT is needed).
     """
