@@ -6,7 +6,8 @@ pooler and LM head -> `SeqBertPreTrainedModel` -> `SeqBertModel` -> decoder -> t
 This file holds the model. What surrounds it lives next to it, one module each: the checks of `forward` and
 `generate` arguments (`input_checks.py`), the bridges to older transformers 5.x releases (`transformers_compat.py`),
 the oneDNN packed linears `generate` runs under on CPU (`packed_cpu_linears.py`), PEFT's default adapter targets
-(`peft_integration.py`) and BERT checkpoint conversion (`convert_bert.py`). This file and `configuration_seqbert.py`
+(`peft_integration.py`), BERT checkpoint conversion (`convert_bert.py`) and the attention bf16 training runs on CPU
+(`cpu_training_attention.py`). This file and `configuration_seqbert.py`
 are copied into saved model folders for `trust_remote_code=True` users together with those modules, so they all
 import each other relatively and depend only on torch and transformers.
 
@@ -60,6 +61,7 @@ from .convert_bert import (
     refuse_pickled_weights,
     report_bert_loading,
 )
+from .cpu_training_attention import sdpa_attention_forward
 from .input_checks import (
     IGNORE_INDEX,
     check_answer_positions,
@@ -356,7 +358,9 @@ class SeqBertAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`_attend` before the output projection: the heads' outputs side by side, (B, L, H) or (1, T, H)."""
         attention_interface: Callable = eager_attention_forward  # also for a bare config (implementation None)
-        if self.config._attn_implementation != "eager":
+        if self.config._attn_implementation == "sdpa":
+            attention_interface = sdpa_attention_forward  # transformers' own, but for bf16 training on CPU
+        elif self.config._attn_implementation != "eager":
             attention_interface = ALL_ATTENTION_FUNCTIONS.get(self.config._attn_implementation, eager_attention_forward)
         attn_output, attn_weights = attention_interface(
             self,
