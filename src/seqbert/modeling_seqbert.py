@@ -1318,6 +1318,9 @@ class SeqBertForMaskedLM(SeqBertPreTrainedModel):
         ids in `[0, vocab_size)`, -100 where no loss is taken. Returns `MaskedLMOutput` with `logits` (B, L, V) and
         the mean cross-entropy `loss` (a scalar) over labelled positions when `labels` are given (or summed and
         divided by `num_items_in_batch` when Trainer passes it; 0.0 when every label is -100, see `loss_divisor`).
+        With `config.sparse_prediction` and `labels`, only the M labelled positions reach the vocabulary projection
+        and `logits` are (M, V), in row-major order (`labels[labels != -100]` are their targets); the loss and
+        gradients are dense scoring's up to the order of float sums (the per-position logits are identical).
         """
         outputs = self.seqbert(
             input_ids,
@@ -1328,10 +1331,21 @@ class SeqBertForMaskedLM(SeqBertPreTrainedModel):
             return_dict=True,
             **kwargs,
         )
-        logits = self.lm_head(outputs.last_hidden_state)  # (B, L, V)
+        hidden_states = outputs.last_hidden_state  # (B, L, H)
+        if labels is not None:
+            labels = check_labels(
+                "labels",
+                labels,
+                (*hidden_states.shape[:-1], self.config.vocab_size),
+                self.config.vocab_size,
+                "vocab_size",
+            )
+            if self.config.sparse_prediction:
+                labelled = labels != IGNORE_INDEX  # (B, L)
+                hidden_states, labels = hidden_states[labelled], labels[labelled]  # (M, H), (M,)
+        logits = self.lm_head(hidden_states)  # (B, L, V), or (M, V) with sparse prediction
         loss = None
         if labels is not None:
-            labels = check_labels("labels", labels, logits.shape, self.config.vocab_size, "vocab_size")
             divisor = loss_divisor(labels, kwargs.pop("num_items_in_batch", None))
             # The loss function computes in float32, so half-precision logits cannot overflow it.
             loss = self.loss_function(

@@ -1,0 +1,144 @@
+"""Pretraining on one's own corpus: a WordPiece vocabulary trained on the training text (`run_mlm.py
+--tokenizer_vocab_size`), saved with the model and loaded by `AutoTokenizer`; and sparse prediction
+(`SeqBertConfig.sparse_prediction`): only the labelled positions reach the vocabulary projection, with the loss, the
+gradients and the evaluation of dense scoring, on the real MiniLM weights and real text."""
+
+import datasets
+import pytest
+import run_mlm  # noqa: E402
+import torch
+from transformers import AutoModelForMaskedLM, AutoTokenizer, DataCollatorForLanguageModeling
+
+import seqbert
+from seqbert.data import load_bible_text
+
+
+TINY_OVERRIDES = "hidden_size=32,num_hidden_layers=2,num_attention_heads=4,intermediate_size=37"
+
+
+@pytest.fixture(scope="module")
+def verses(mlm_run) -> list[str]:
+    """400 real verses of the offline Bible text (the `mlm_run` fixture's datasets cache)."""
+    return load_bible_text(cache_dir=mlm_run.parent / "datasets_cache")["validation"]["text"][:400]
+
+
+def _prefixes(texts: list[str]) -> set[str]:
+    """Every start of every word of `texts`, lower-cased."""
+    words = {word for text in texts for word in text.lower().replace(",", " ").replace(".", " ").split()}
+    return {word[:end] for word in words for end in range(1, len(word) + 1)}
+
+
+def _word_starts(tokenizer) -> set[str]:
+    """The vocabulary's word-initial pieces of more than three letters."""
+    return {token for token in tokenizer.get_vocab() if token.isalpha() and len(token) > 3}
+
+
+def test_a_trained_vocabulary_is_sized_for_the_corpus_saved_and_reloaded(verses, tokenizer, tmp_path):
+    texts = datasets.Dataset.from_dict({"text": verses})
+    trained = run_mlm.train_tokenizer(tokenizer, texts, "text", 300)
+    assert len(trained) == 300 and trained.get_vocab() != tokenizer.get_vocab()
+    # Its word-initial pieces are starts of the corpus' words.
+    assert _word_starts(trained) and _word_starts(trained) <= _prefixes(verses)
+    # BERT's special tokens, lower-casing and [CLS] ... [SEP] are the base tokenizer's.
+    for name in ("cls_token", "sep_token", "pad_token", "mask_token", "unk_token"):
+        assert getattr(trained, name) == getattr(tokenizer, name)
+    sample = verses[0].upper()
+    ids = trained(sample)["input_ids"]
+    assert ids[0] == trained.cls_token_id and ids[-1] == trained.sep_token_id
+    assert trained.decode(ids, skip_special_tokens=True) == tokenizer.decode(
+        tokenizer(sample)["input_ids"], skip_special_tokens=True
+    )
+    # 300 tokens cut the corpus into more pieces than BERT's 30,522; a larger trained vocabulary into fewer.
+    larger = run_mlm.train_tokenizer(tokenizer, texts, "text", 1500)
+    pieces = {name: sum(len(t.tokenize(verse)) for verse in verses) for name, t in (("300", trained), ("1500", larger))}
+    assert pieces["300"] > pieces["1500"] > sum(len(tokenizer.tokenize(verse)) for verse in verses)
+    trained.save_pretrained(tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert reloaded.get_vocab() == trained.get_vocab()
+    assert reloaded(verses[:20])["input_ids"] == trained(verses[:20])["input_ids"]
+
+
+def test_run_mlm_trains_its_vocabulary_and_saves_it_with_the_model(verses, tokenizer, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(verses) + "\n", encoding="utf-8")
+    output_dir = tmp_path / "run"
+    run_mlm.main(
+        [
+            "--train_file", str(corpus), "--validation_split_percentage", "10", "--config_overrides", TINY_OVERRIDES,
+            "--tokenizer_vocab_size", "500", "--max_seq_length", "64", "--max_steps", "2", "--eval_strategy", "no",
+            "--output_dir", str(output_dir), "--cache_dir", str(tmp_path / "cache"),
+        ]
+    )  # fmt: skip
+    saved = AutoTokenizer.from_pretrained(output_dir)
+    model = AutoModelForMaskedLM.from_pretrained(output_dir)
+    assert len(saved) == 500 == model.config.vocab_size == model.get_input_embeddings().num_embeddings
+    # Trained on the training rows alone (the verses after the first 10 %, which validate).
+    assert _word_starts(saved) and _word_starts(saved) <= _prefixes(verses[40:])
+    assert "WordPiece vocabulary (500 tokens)" in (output_dir / "README.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("argv", "name"),
+    [
+        (["--model_name_or_path", "some/bert", "--tokenizer_vocab_size", "1000"], "tokenizer_vocab_size"),
+        (["--tokenizer_vocab_size", "0"], "tokenizer_vocab_size"),
+    ],
+)
+def test_bad_tokenizer_vocab_size_raises_naming_it(argv, name, tmp_path):
+    with pytest.raises(ValueError, match=name):
+        run_mlm.main([*argv, "--output_dir", str(tmp_path)])
+
+
+def _masked_lm_step(minilm_path, batch: dict, sparse: bool):
+    torch.manual_seed(0)  # the same new head for both
+    model = seqbert.SeqBertForMaskedLM.from_bert_pretrained(
+        minilm_path, sparse_prediction=sparse, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    )
+    rows = []
+    model.lm_head.decoder.register_forward_hook(lambda module, args, output: rows.append(args[0].shape[:-1]))
+    output = model(**batch)
+    output.loss.backward()
+    grads = {name: parameter.grad for name, parameter in model.named_parameters()}
+    return output, grads, rows
+
+
+def test_sparse_prediction_gives_the_loss_and_gradients_of_dense_scoring(minilm_path, tokenizer, rt_texts):
+    torch.manual_seed(0)
+    collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15)
+    batch = collator([tokenizer(text) for text in rt_texts[:16]])
+    labelled = batch["labels"] != -100
+    dense, dense_grads, dense_rows = _masked_lm_step(minilm_path, batch, sparse=False)
+    sparse, sparse_grads, sparse_rows = _masked_lm_step(minilm_path, batch, sparse=True)
+    assert dense_rows == [batch["input_ids"].shape] and sparse_rows == [(int(labelled.sum()),)]
+    assert sparse.logits.shape == (int(labelled.sum()), tokenizer.vocab_size)
+    assert torch.equal(sparse.logits, dense.logits[labelled])  # each row is computed alike
+    # The loss and the head's weight gradients sum the same terms over the M labelled rows instead of B x L rows (the
+    # others exact zeros), so their sums may round differently; every gradient below the head is identical.
+    torch.testing.assert_close(sparse.loss, dense.loss, rtol=1e-6, atol=0)
+    for name, grad in dense_grads.items():
+        if name.startswith("lm_head.") or name == "seqbert.embeddings.word_embeddings.weight":  # tied decoder
+            torch.testing.assert_close(sparse_grads[name], grad, rtol=0, atol=1e-6)
+        else:
+            assert torch.equal(sparse_grads[name], grad), name
+    # Without labels (the fill-mask pipeline) the logits keep their (B, L, V) shape.
+    model = seqbert.SeqBertForMaskedLM.from_bert_pretrained(minilm_path, sparse_prediction=True)
+    with torch.no_grad():
+        assert model(batch["input_ids"]).logits.shape == (*batch["input_ids"].shape, tokenizer.vocab_size)
+
+
+def test_run_mlm_evaluates_sparse_prediction_as_dense(verses, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(verses) + "\n", encoding="utf-8")
+    metrics = {}
+    for flag in ("--sparse_prediction", "--no_sparse_prediction"):
+        metrics[flag] = run_mlm.main(
+            [
+                "--train_file", str(corpus), "--validation_split_percentage", "25",
+                "--config_overrides", TINY_OVERRIDES, "--max_seq_length", "64", "--max_steps", "2",
+                "--eval_strategy", "no", flag, "--output_dir", str(tmp_path / flag), "--cache_dir", str(tmp_path / "c"),
+            ]
+        )  # fmt: skip
+    sparse, dense = metrics["--sparse_prediction"], metrics["--no_sparse_prediction"]
+    assert sparse["eval_accuracy"] == dense["eval_accuracy"] > 0  # the same argmax at every masked token
+    assert sparse["eval_loss"] == pytest.approx(dense["eval_loss"], rel=1e-6)  # sums in another order
+    assert sparse["train_loss"] == pytest.approx(dense["train_loss"], rel=1e-5)
