@@ -3,11 +3,20 @@
 (`SeqBertConfig.sparse_prediction`): only the labelled positions reach the vocabulary projection, with the loss, the
 gradients and the evaluation of dense scoring, on the real MiniLM weights and real text."""
 
+import benchmark_pretraining  # noqa: E402  (scripts/benchmarks, on sys.path by conftest)
 import datasets
 import pytest
 import run_mlm  # noqa: E402
 import torch
-from transformers import AutoModelForMaskedLM, AutoTokenizer, DataCollatorForLanguageModeling
+from transformers import (
+    AutoModelForMaskedLM,
+    AutoTokenizer,
+    BertConfig,
+    BertForMaskedLM,
+    DataCollatorForLanguageModeling,
+    Trainer,
+    TrainingArguments,
+)
 
 import seqbert
 from seqbert.data import load_bible_text
@@ -142,3 +151,22 @@ def test_run_mlm_evaluates_sparse_prediction_as_dense(verses, tmp_path):
     assert sparse["eval_accuracy"] == dense["eval_accuracy"] > 0  # the same argmax at every masked token
     assert sparse["eval_loss"] == pytest.approx(dense["eval_loss"], rel=1e-6)  # sums in another order
     assert sparse["train_loss"] == pytest.approx(dense["train_loss"], rel=1e-5)
+
+
+def test_the_bert_baseline_stops_at_its_time_budget(tokenizer, rt_texts, tmp_path):
+    """`benchmark_pretraining.py` trains transformers' BertForMaskedLM for seqbert's training time: its callback ends
+    training at the first step end past the budget."""
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2)
+    blocks = datasets.Dataset.from_dict(dict(tokenizer(rt_texts[:64], truncation=True, max_length=32)))
+    args = TrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=8, num_train_epochs=3, report_to=[], use_cpu=True
+    )
+    trainer = Trainer(
+        model=BertForMaskedLM(config),
+        args=args,
+        train_dataset=blocks,
+        data_collator=DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15),
+        callbacks=[benchmark_pretraining.StopAfter(0.0)],
+    )
+    trainer.train()
+    assert trainer.state.global_step == 1  # 24 steps without the budget
