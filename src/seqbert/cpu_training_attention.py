@@ -29,7 +29,9 @@ MAX_KEYS_WRITTEN_OUT = 128
 _REDUCED_PRECISION = (torch.bfloat16, torch.float16)
 
 
-def _writes_out(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask, kwargs: dict) -> bool:
+def _writes_out(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask, is_causal: bool, position_bias
+) -> bool:
     """Whether `sdpa_attention_forward` takes the written-out product (see the module docstring)."""
     if query.device.type != "cpu" or query.dtype not in _REDUCED_PRECISION or key.shape[2] > MAX_KEYS_WRITTEN_OUT:
         return False
@@ -37,9 +39,9 @@ def _writes_out(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, att
         return False
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return False
-    if attention_mask is None:  # sdpa would apply the module's causal flag itself
-        return not kwargs.get("is_causal", False)
-    return attention_mask.dtype == torch.bool and not kwargs.get("position_bias")
+    if attention_mask is None:  # sdpa would apply the causal flag itself
+        return not is_causal
+    return attention_mask.dtype == torch.bool and position_bias is None
 
 
 def sdpa_attention_forward(
@@ -67,8 +69,9 @@ def sdpa_attention_forward(
     Returns:
         `(attn_output, None)`: (B, L_q, N, D) in the dtype of `value`.
     """
-    is_causal = kwargs.get("is_causal", getattr(module, "is_causal", False))
-    if not _writes_out(query, key, value, attention_mask, {**kwargs, "is_causal": is_causal}):
+    is_causal = kwargs.get("is_causal")
+    is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal  # as transformers' sdpa reads it
+    if not _writes_out(query, key, value, attention_mask, is_causal, kwargs.get("position_bias")):
         return transformers_sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
