@@ -150,14 +150,24 @@ def export_fused_onnx(bert_folder: str, sample: dict, folder: Path) -> tuple[Pat
     return fused, int8, fused_ops
 
 
-def onnxruntime_engine(path: Path, threads: int, precision: str = "fp32") -> Engine:
-    """An onnxruntime CPU session on `path` with `threads` intra-op threads (and one inter-op thread); `precision`
-    labels the graph ("fp32", or "int8" for the quantized one)."""
+def onnxruntime_session(path: Path, threads: int, profile_prefix: str | None = None) -> onnxruntime.InferenceSession:
+    """An onnxruntime CPU session on `path`, all graph optimizations on, with `threads` intra-op threads and one
+    inter-op thread; with `profile_prefix`, onnxruntime's own profiler writes its events to a JSON file of that
+    prefix (`end_profiling()` returns its path)."""
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    if profile_prefix is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def onnxruntime_engine(path: Path, threads: int, precision: str = "fp32") -> Engine:
+    """An onnxruntime CPU session on `path` with `threads` intra-op threads (and one inter-op thread); `precision`
+    labels the graph ("fp32", or "int8" for the quantized one)."""
+    session = onnxruntime_session(path, threads)
 
     def prepare(batch: dict) -> Callable[[], object]:
         feed = {name: np.ascontiguousarray(batch[name].numpy(), dtype=np.int64) for name in ONNX_INPUTS}
@@ -225,16 +235,23 @@ def ctranslate2_engine(path: Path, compute_type: str, threads: int) -> Engine:
     return Engine(prepare, padded, "int8" if compute_type == "int8" else "fp32")
 
 
-def openvino_engine(bert: BertModel, sample: dict, threads: int, precision: str | None = "f32") -> Engine:
-    """`BertModel` converted by OpenVINO (dynamic batch and length) and compiled for the CPU with the inference
-    precision hint `precision` ("f32"), or with none (`None`: OpenVINO's default for the CPU). The engine's
-    `precision` is the one the compiled model reports (`INFERENCE_PRECISION_HINT`)."""
+def convert_openvino(bert: BertModel, sample: dict) -> "openvino.Model":
+    """`bert` converted by OpenVINO (`openvino.convert_model`, traced on `sample`), its inputs made dynamic in batch and
+    length."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings
         model = openvino.convert_model(bert, example_input={name: sample[name] for name in ONNX_INPUTS})
     for model_input in model.inputs:
         model_input.get_node().set_partial_shape(openvino.PartialShape([-1, -1]))
     model.validate_nodes_and_infer_types()
+    return model
+
+
+def openvino_engine(bert: BertModel, sample: dict, threads: int, precision: str | None = "f32") -> Engine:
+    """`BertModel` converted by OpenVINO (dynamic batch and length) and compiled for the CPU with the inference
+    precision hint `precision` ("f32"), or with none (`None`: OpenVINO's default for the CPU). The engine's
+    `precision` is the one the compiled model reports (`INFERENCE_PRECISION_HINT`)."""
+    model = convert_openvino(bert, sample)
     config = {"INFERENCE_NUM_THREADS": threads}
     if precision is not None:
         config["INFERENCE_PRECISION_HINT"] = precision

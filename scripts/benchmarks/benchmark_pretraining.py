@@ -19,6 +19,7 @@ Printed and written to `--json_file`: per model its training seconds, optimizer 
 perplexity of the tokenizer (the context-free baseline both are measured against).
 """
 
+import functools
 import json
 import sys
 import time
@@ -26,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import evaluate
-import numpy as np
 import torch
 from transformers import (
     AutoTokenizer,
@@ -73,15 +73,6 @@ class StopAfter(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if time.perf_counter() - self.start >= self.seconds:
             control.should_training_stop = True
-
-
-def masked_accuracy(prediction) -> dict[str, float]:
-    """The masked-token accuracy `run_mlm.py` reports (the `accuracy` metric of `evaluate`, on labelled positions)."""
-    masked = prediction.label_ids != -100
-    accuracy = evaluate.load(ACCURACY_PATH)
-    return accuracy.compute(
-        predictions=np.asarray(prediction.predictions)[masked], references=prediction.label_ids[masked]
-    )
 
 
 def train_bert(args, seqbert_dir: Path, blocks, budget: float, seed: int) -> dict:
@@ -131,8 +122,8 @@ def evaluate_masked_lm(model, tokenizer, blocks, output_dir: Path, seed: int) ->
         args=args,
         eval_dataset=blocks["validation"],
         data_collator=run_mlm.masking_collator(tokenizer, 0.15, seed),
-        compute_metrics=masked_accuracy,
-        preprocess_logits_for_metrics=lambda logits, labels: logits.argmax(dim=-1),
+        compute_metrics=functools.partial(run_mlm.masked_token_accuracy, evaluate.load(ACCURACY_PATH)),
+        preprocess_logits_for_metrics=run_mlm.preprocess_logits_for_metrics,
     )
     return trainer.evaluate()
 

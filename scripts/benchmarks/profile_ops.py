@@ -85,13 +85,9 @@ def torch_groups(run, passes: int = 2) -> dict[str, float]:
 
 def onnxruntime_groups(path: Path, batches: list[dict], threads: int, tmp: str, passes: int = 2) -> dict[str, float]:
     """Milliseconds per pass over `batches` of each node type (onnxruntime's own profiler), summed by group."""
-    import onnxruntime
-
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-    options.enable_profiling = True
-    options.profile_file_prefix = str(Path(tmp) / "onnxruntime_profile")
-    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    session = benchmark_engines.onnxruntime_session(
+        path, threads, profile_prefix=str(Path(tmp) / "onnxruntime_profile")
+    )
     feeds = [{name: b[name].numpy() for name in benchmark_engines.ONNX_INPUTS} for b in batches]
     for feed in feeds:  # set-up, not counted: the events carry their pass
         session.run(None, feed)
@@ -113,12 +109,7 @@ def openvino_groups(bert: BertModel, batches: list[dict], threads: int, passes: 
     """Milliseconds per pass of each node type of OpenVINO at its default precision (its per-node counters)."""
     import openvino
 
-    model = openvino.convert_model(
-        bert, example_input={name: batches[0][name] for name in benchmark_engines.ONNX_INPUTS}
-    )
-    for model_input in model.inputs:
-        model_input.get_node().set_partial_shape(openvino.PartialShape([-1, -1]))
-    model.validate_nodes_and_infer_types()
+    model = benchmark_engines.convert_openvino(bert, batches[0])
     compiled = openvino.Core().compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": threads, "PERF_COUNT": True})
     request = compiled.create_infer_request()
     feeds = [{name: b[name].numpy() for name in benchmark_engines.ONNX_INPUTS} for b in batches]

@@ -42,13 +42,15 @@ logging every 10 steps, no checkpoints, `report_to none`. A new model's output b
 frequencies of the training tokens (`--unigram_bias_init`). Only the masked positions are scored against the vocabulary
 (`--sparse_prediction`, on by default: the output layer over 30,522 tokens cost more than the 4 layers together). The
 whole command takes about 100 seconds on 2 CPU cores (0.17 s per step). `--tokenizer_vocab_size N` first trains a
-WordPiece vocabulary of N tokens on the training text (your own corpus's tokenizer), saved with the model. The output folder receives the model and tokenizer with the model code (for
+WordPiece vocabulary of N tokens on the training text (your own corpus's tokenizer), saved with the model. The output
+folder receives the model and tokenizer with the model code (for
 `trust_remote_code=True` users), `all_results.json` (`eval_loss`, `eval_perplexity` = exp(eval_loss), `eval_accuracy`
 on the masked tokens, `eval_unigram_perplexity` of the context-free baseline, `train_runtime`, ...),
 `trainer_state.json`, `loss_curve.png` and the model card `README.md` (from `seqbert_run.json`): it is ready for
 `scripts/hub/push_to_hub.py`.
 """
 
+import functools
 import itertools
 import logging
 import math
@@ -500,6 +502,25 @@ def load_model(
     return model
 
 
+def preprocess_logits_for_metrics(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """`Trainer`'s `preprocess_logits_for_metrics` for masked LMs: the (B, L) argmax instead of the (B, L, V) logits,
+    which would not fit in memory for a whole split. Sparse prediction's (M, V) logits of the labelled positions (in
+    row-major order) are put back in their (B, L) places, -100 elsewhere."""
+    predictions = (logits[0] if isinstance(logits, tuple) else logits).argmax(dim=-1)
+    if predictions.shape == labels.shape:
+        return predictions
+    return torch.full_like(labels, -100).masked_scatter_(labels != -100, predictions)
+
+
+def masked_token_accuracy(accuracy: evaluate.EvaluationModule, prediction: EvalPrediction) -> dict[str, float]:
+    """`Trainer`'s `compute_metrics` for masked LMs (after `preprocess_logits_for_metrics`): `accuracy` (evaluate's
+    accuracy metric) over the labelled positions."""
+    masked = prediction.label_ids != -100
+    return accuracy.compute(
+        predictions=np.asarray(prediction.predictions)[masked], references=prediction.label_ids[masked]
+    )
+
+
 def unigram_log_probs(blocks: datasets.Dataset, vocab_size: int) -> np.ndarray:
     """
     Log unigram frequencies of the non-special tokens of `blocks`, add-one smoothed.
@@ -766,20 +787,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     with training_args.main_process_first(desc="loading the metric"):
         accuracy = evaluate.load(ACCURACY_PATH, cache_dir=model_args.cache_dir)
 
-    def preprocess_logits_for_metrics(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        # Keep the (B, L) argmax instead of the (B, L, V) logits, which would not fit in memory for a whole split.
-        predictions = (logits[0] if isinstance(logits, tuple) else logits).argmax(dim=-1)
-        if predictions.shape == labels.shape:
-            return predictions
-        # Sparse prediction: (M,) for the labelled positions in row-major order, put back in their (B, L) places.
-        return torch.full_like(labels, -100).masked_scatter_(labels != -100, predictions)
-
-    def compute_metrics(prediction: EvalPrediction) -> dict[str, float]:
-        masked = prediction.label_ids != -100
-        return accuracy.compute(
-            predictions=np.asarray(prediction.predictions)[masked], references=prediction.label_ids[masked]
-        )
-
     trainer = SeqBertTrainer(
         model=model,
         args=training_args,
@@ -789,7 +796,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         data_collator=masking_collator(
             tokenizer, data_args.mlm_probability, training_args.seed, padding_free=data_args.padding_free
         ),
-        compute_metrics=compute_metrics,
+        compute_metrics=functools.partial(masked_token_accuracy, accuracy),
         preprocess_logits_for_metrics=preprocess_logits_for_metrics,
     )
     check_fsdp(trainer)
