@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from conftest import BATCH, LENGTH, random_inputs, tiny_config
 from transformers import (
+    AttentionInterface,
     AutoModel,
     AutoModelForMaskedLM,
     AutoModelForMultipleChoice,
@@ -16,6 +17,7 @@ from transformers import (
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
 )
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import seqbert
 from seqbert.modeling_seqbert import sinusoidal_position_table
@@ -305,6 +307,30 @@ def test_hidden_states_attentions_and_tuple_output():
     clf = build(seqbert.SeqBertForSequenceClassification, config)
     clf_tuple = clf(**inputs, labels=torch.zeros(BATCH, dtype=torch.long), return_dict=False)
     assert isinstance(clf_tuple, tuple) and clf_tuple[0].ndim == 0 and clf_tuple[1].shape == (BATCH, 2)
+
+
+def test_set_attn_implementation_switches_a_loaded_model():
+    """`model.set_attn_implementation` as on transformers' own models: the implementation the layers call changes."""
+    config = tiny_config()
+    model = build(seqbert.SeqBertModel, config, attn_implementation="sdpa")
+    inputs = random_inputs(config)
+    # No padding: a new implementation name gets the mask format transformers picks for it, which is not the point.
+    inputs["attention_mask"] = torch.ones_like(inputs["attention_mask"])
+    calls = []
+
+    def spy(module, query, key, value, attention_mask, **kwargs):
+        calls.append(module.layer_idx)
+        return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register("seqbert_test_spy", spy)
+    model.set_attn_implementation("seqbert_test_spy")
+    assert model.config._attn_implementation == "seqbert_test_spy"
+    with torch.no_grad():
+        spied = model(**inputs).last_hidden_state
+    assert calls == list(range(config.num_hidden_layers))
+    model.set_attn_implementation("eager")  # eager returns the attention weights, sdpa does not
+    assert model(**inputs, output_attentions=True).attentions[0] is not None
+    torch.testing.assert_close(model(**inputs).last_hidden_state, spied, rtol=0, atol=1e-5)
 
 
 def test_token_type_embedding_can_be_disabled():

@@ -361,7 +361,14 @@ class SeqBertAttention(nn.Module):
         if self.config._attn_implementation == "sdpa":
             attention_interface = sdpa_attention_forward  # transformers' own, but for bf16 training on CPU
         elif self.config._attn_implementation != "eager":
-            attention_interface = ALL_ATTENTION_FUNCTIONS.get(self.config._attn_implementation, eager_attention_forward)
+            # transformers' `get_interface` raises on an unknown name, and its call in this file is what lets
+            # `model.set_attn_implementation(...)` switch a loaded model (transformers reads the modeling source for
+            # it); releases before it have only the mapping.
+            attention_interface = (
+                ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+                if hasattr(ALL_ATTENTION_FUNCTIONS, "get_interface")
+                else ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
+            )
         attn_output, attn_weights = attention_interface(
             self,
             query,
@@ -372,7 +379,8 @@ class SeqBertAttention(nn.Module):
             scaling=self.scaling,
             **kwargs,
         )  # (B, L, N, D)
-        attn_output = attn_output.reshape(*attn_output.shape[:2], -1)  # (B, L, H)
+        # (B, L, H), by the queries' shape: vLLM's attention function returns the tokens flattened, (B * L, N * D).
+        attn_output = attn_output.reshape(query.shape[0], query.shape[2], -1)
         if unpadded is not None:
             attn_output = unpadded.from_attention_layout(attn_output)  # (1, T, H)
         return attn_output, attn_weights
