@@ -18,6 +18,7 @@ from transformers import (
 
 from .configuration_seqbert import SEQBERT_VERSION, SeqBertConfig
 from .cpu_inference import optimize_for_cpu_inference
+from .ctranslate2_loader import register_ctranslate2_loader_on_import
 from .modeling_seqbert import (
     SeqBertForCausalLM,
     SeqBertForConditionalGeneration,
@@ -47,6 +48,9 @@ AUTO_CLASSES = {
 AutoConfig.register(SeqBertConfig.model_type, SeqBertConfig, exist_ok=True)
 for _auto_class, _model_class in AUTO_CLASSES.items():
     _auto_class.register(SeqBertConfig, _model_class, exist_ok=True)
+
+# Serving engines learn SeqBERT when they are imported (nothing happens where they are not installed).
+register_ctranslate2_loader_on_import()
 
 __all__ = [
     "SeqBertConfig",
