@@ -291,11 +291,13 @@ def seq2seq_run(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def mlm_run(tmp_path_factory) -> Path:
     """Output folder of `run_mlm.py` on the default offline Bible text: a tiny pre-LN model from scratch (hidden 32,
-    2 layers), 4 steps of 8 blocks of 64 tokens, 32 validation blocks. Its datasets cache (the Bible text files and the
-    tokenized blocks) is the sibling folder `datasets_cache`, which the other masked-LM tests reuse."""
+    2 layers), 4 steps of 8 blocks of 64 tokens, 32 validation blocks, with MiniLM's tokenizer as it is (the default
+    trains a vocabulary first: tests/test_pretraining.py covers that) and BERT's 15 % masking. Its datasets cache (the
+    Bible text files and the tokenized blocks) is the sibling folder `datasets_cache`, which the other masked-LM tests
+    reuse."""
     root = tmp_path_factory.mktemp("mlm")
     return _run_script(
-        "run_mlm.py", root / "run",
+        "run_mlm.py", root / "run", "--tokenizer_name", str(minilm_checkpoint_path()), "--mlm_probability", "0.15",
         "--cache_dir", str(root / "datasets_cache"), "--max_seq_length", "64",
         "--config_overrides", "hidden_size=32,num_hidden_layers=2,num_attention_heads=4,intermediate_size=37",
         "--max_train_samples", "64", "--max_eval_samples", "32", "--max_steps", "4",

@@ -10,6 +10,7 @@ import run_mlm  # noqa: E402
 import torch
 from transformers import (
     AutoModelForMaskedLM,
+    AutoModelForSequenceClassification,
     AutoTokenizer,
     BertConfig,
     BertForMaskedLM,
@@ -19,7 +20,7 @@ from transformers import (
 )
 
 import seqbert
-from seqbert.data import load_bible_text
+from seqbert.data import load_bible_text, minilm_checkpoint_path
 
 
 TINY_OVERRIDES = "hidden_size=32,num_hidden_layers=2,num_attention_heads=4,intermediate_size=37"
@@ -145,6 +146,8 @@ def test_run_mlm_evaluates_sparse_prediction_as_dense(verses, tmp_path):
                 "--train_file", str(corpus), "--validation_split_percentage", "25",
                 "--config_overrides", TINY_OVERRIDES, "--max_seq_length", "64", "--max_steps", "2",
                 "--eval_strategy", "no", flag, "--output_dir", str(tmp_path / flag), "--cache_dir", str(tmp_path / "c"),
+                # One vocabulary for both runs, and fp32: bf16 products round differently for another number of rows.
+                "--tokenizer_name", str(minilm_checkpoint_path()), "--bf16", "False",
             ]
         )  # fmt: skip
     sparse, dense = metrics["--sparse_prediction"], metrics["--no_sparse_prediction"]
@@ -170,3 +173,147 @@ def test_the_bert_baseline_stops_at_its_time_budget(tokenizer, rt_texts, tmp_pat
     )
     trainer.train()
     assert trainer.state.global_step == 1  # 24 steps without the budget
+
+
+def test_rotten_tomatoes_text_never_holds_the_scored_snippets():
+    import pandas as pd
+
+    from seqbert.data import load_rotten_tomatoes, load_rotten_tomatoes_text, rotten_tomatoes_path
+
+    corpus = load_rotten_tomatoes_text()
+    texts = set(corpus["train"]["text"]) | set(corpus["validation"]["text"])
+    assert not set(corpus["train"]["text"]) & set(corpus["validation"]["text"])
+    scored = load_rotten_tomatoes()
+    held_out = {text.strip() for text in scored["validation"]["text"]}
+    assert not texts & held_out
+    # The snippets fine-tuning trains on (bar the copies of scored ones), and every plot summary, are in-domain text.
+    assert {text.strip() for text in scored["train"]["text"]} - held_out <= texts
+    frame = pd.read_csv(rotten_tomatoes_path())
+    plots = {text.strip() for text in frame.loc[frame["category"] == "plot", "text"].dropna()}
+    assert plots <= texts and len(plots) == 1083
+    assert load_rotten_tomatoes_text()["validation"]["text"] == corpus["validation"]["text"]  # deterministic
+    # Another fine-tuning shuffle leaves out its own validation snippets.
+    other = load_rotten_tomatoes_text(seed=1)
+    assert not set(other["train"]["text"]) & set(load_rotten_tomatoes(seed=1)["validation"]["text"])
+
+
+def test_in_domain_pretraining_then_fine_tuning_from_it_or_from_random_weights(tmp_path):
+    """The documented pair of commands, tiny: pretrain on the Rotten Tomatoes text with its own vocabulary, then
+    fine-tune that checkpoint, and the same configuration from random weights."""
+    import run_classification
+
+    pretrained = tmp_path / "mlm"
+    run_mlm.main(
+        [
+            "--offline_corpus", "rotten_tomatoes", "--config_overrides", TINY_OVERRIDES, "--tokenizer_vocab_size",
+            "400", "--max_seq_length", "64", "--max_train_samples", "16", "--max_eval_samples", "8", "--max_steps", "2",
+            "--eval_strategy", "no", "--output_dir", str(pretrained),
+        ]
+    )  # fmt: skip
+    encoder = AutoModelForMaskedLM.from_pretrained(pretrained).seqbert.state_dict()
+    common = [
+        "--max_train_samples",
+        "32",
+        "--max_eval_samples",
+        "16",
+        "--num_train_epochs",
+        "1",
+        "--learning_rate",
+        "0",
+    ]
+    runs = {"pretrained": ["--model_name_or_path", str(pretrained)], "random": ["--config_name", str(pretrained)]}
+    for name, argv in runs.items():
+        run_classification.main([*argv, *common, "--output_dir", str(tmp_path / name)])
+    # With a learning rate of 0 the saved encoders are the starting points: the pretrained one, and a random one.
+    for name, same in (("pretrained", True), ("random", False)):
+        classifier = AutoModelForSequenceClassification.from_pretrained(tmp_path / name)
+        assert (
+            AutoTokenizer.from_pretrained(tmp_path / name).get_vocab()
+            == AutoTokenizer.from_pretrained(pretrained).get_vocab()
+        )
+        assert classifier.config.vocab_size == 400 and classifier.config.hidden_size == 32
+        weights = classifier.seqbert.state_dict()
+        assert all(torch.equal(weights[key], encoder[key]) for key in encoder) is same, name
+    card = (tmp_path / "random" / "README.md").read_text(encoding="utf-8")
+    assert "random weights" in card
+
+
+def test_config_name_and_model_name_or_path_together_are_refused(tmp_path):
+    import run_classification
+
+    with pytest.raises(ValueError, match="config_name .* model_name_or_path"):
+        run_classification.main(["--config_name", "a", "--model_name_or_path", "b", "--output_dir", str(tmp_path)])
+
+
+@pytest.mark.parametrize(
+    ("eval_loss", "expected"),
+    [(float("nan"), "diverged"), (None, "diverged"), (6.1, "diverged"), (5.95, "stalled"), (5.5, "trained")],
+)
+def test_norm_placement_verdicts(eval_loss, expected):
+    import compare_norm_placement
+
+    # unigram perplexity 400: log 5.991; 0.9 x 400 = 360, log 5.886
+    assert compare_norm_placement.verdict(eval_loss, 400.0, 0.9) == expected
+
+
+def test_norm_placement_separating_learning_rate():
+    import compare_norm_placement
+
+    trained, stalled = ["trained"] * 3, ["stalled"] * 3
+    grid = {"pre": {1e-3: trained, 3e-3: trained}, "post": {1e-3: trained, 3e-3: ["stalled", "diverged", "stalled"]}}
+    assert compare_norm_placement.separating_learning_rate(grid) == 3e-3
+    grid["post"][3e-3] = ["stalled", "trained", "stalled"]  # one post-LN seed trained: not separated
+    assert compare_norm_placement.separating_learning_rate(grid) is None
+    grid = {"pre": {1e-3: ["trained", "stalled", "trained"]}, "post": {1e-3: stalled}}
+    assert compare_norm_placement.separating_learning_rate(grid) is None
+
+
+def test_compare_norm_placement_runs_its_grid(mlm_run, tmp_path):
+    import json
+
+    import compare_norm_placement
+
+    summary = compare_norm_placement.main(
+        [
+            "--output_dir", str(tmp_path), "--learning_rates", "1e-3", "3e-3", "--seeds", "42", "1", "--max_steps", "2",
+            "--max_seq_length", "32", "--max_eval_samples", "8", "--config_overrides", TINY_OVERRIDES,
+            "--max_train_samples", "32", "--cache_dir", str(mlm_run.parent / "datasets_cache"),
+        ]
+    )  # fmt: skip
+    runs = summary["runs"]
+    assert len(runs) == 2 * 2 * 2
+    assert {(r["norm_placement"], r["learning_rate"], r["seed"]) for r in runs} == {
+        (p, lr, s) for p in ("pre", "post") for lr in (1e-3, 3e-3) for s in (42, 1)
+    }
+    for run in runs:
+        config = json.loads(
+            (
+                tmp_path / f"{run['norm_placement']}_lr{run['learning_rate']:g}_seed{run['seed']}" / "config.json"
+            ).read_text()
+        )
+        assert config["norm_placement"] == run["norm_placement"] and config["num_hidden_layers"] == 2
+        assert run["verdict"] == compare_norm_placement.verdict(run["eval_loss"], run["eval_unigram_perplexity"], 0.9)
+    assert json.loads((tmp_path / "norm_placement.json").read_text())["verdicts"]["pre"].keys() == {"0.001", "0.003"}
+    assert (tmp_path / "norm_placement.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_new_model_trains_a_vocabulary_sized_for_its_corpus_by_default(tmp_path):
+    defaults = run_mlm.parse_and_check(["--output_dir", str(tmp_path)])[0]
+    assert defaults.tokenizer_vocab_size == run_mlm.DEFAULT_VOCAB_SIZE == 8192
+    # A tokenizer or checkpoint the user names keeps its vocabulary.
+    named = run_mlm.parse_and_check(["--output_dir", str(tmp_path), "--tokenizer_name", str(minilm_checkpoint_path())])
+    assert named[0].tokenizer_vocab_size is None and named[4].vocab_size == 30522
+    continued = run_mlm.parse_and_check(
+        ["--output_dir", str(tmp_path), "--model_name_or_path", str(minilm_checkpoint_path())]
+    )
+    assert continued[0].tokenizer_vocab_size is None
+
+
+def test_bf16_is_the_default_exactly_where_the_cpu_multiplies_bf16(tmp_path):
+    from seqbert.cpu_inference import bf16_instructions_available
+
+    training_args = run_mlm.parse_and_check(["--output_dir", str(tmp_path)])[2]
+    expected = bf16_instructions_available() and not torch.accelerator.is_available()
+    assert training_args.bf16 is expected and training_args.use_cpu is expected
+    # The same command line turns it off on every CPU (argparse has --no_bf16 only where the default is on).
+    assert run_mlm.parse_and_check(["--output_dir", str(tmp_path), "--bf16", "False"])[2].bf16 is False

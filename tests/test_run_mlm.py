@@ -209,7 +209,7 @@ def test_unigram_bias_init_starts_the_output_bias_at_log_frequencies(enabled, ml
             "--train_file", str(corpus), "--validation_split_percentage", "10", "--config_overrides", TINY_OVERRIDES,
             "--max_seq_length", str(BLOCK), "--max_steps", "1", "--learning_rate", "0", "--eval_strategy", "no",
             "--do_eval", "False", "--unigram_bias_init", str(enabled), "--output_dir", str(output_dir),
-            "--cache_dir", str(tmp_path / "cache"),
+            "--cache_dir", str(tmp_path / "cache"), "--tokenizer_name", str(minilm_checkpoint_path()),
         ]
     )  # fmt: skip
     bias = AutoModelForMaskedLM.from_pretrained(output_dir).get_output_embeddings().bias.detach()

@@ -1,8 +1,10 @@
 #!/usr/bin/env python
 """seqbert's pretraining recipe against transformers' own `BertForMaskedLM` trained for the same wall time, on the
-same data with the same tokenizer. The default run takes about 4 minutes on 2 CPU cores.
+same data with the same tokenizer. The default run takes about 20 minutes on 2 CPU cores (twice run_mlm.py's default
+training time); with `--seqbert_run` (a finished run_mlm.py folder) only BERT's half.
 
     python scripts/benchmarks/benchmark_pretraining.py [--output_dir runs/benchmark_pretraining] [-- RUN_MLM_ARGS ...]
+    python scripts/benchmarks/benchmark_pretraining.py --seqbert_run runs/mlm_bible [-- RUN_MLM_ARGS it ran with]
 
 1. seqbert: `scripts/examples/run_mlm.py` with its defaults (plus any run_mlm arguments given after `--`), into
    `OUTPUT_DIR/seqbert`. Its training time (`train_runtime`) is the budget.
@@ -12,7 +14,8 @@ same data with the same tokenizer. The default run takes about 4 minutes on 2 CP
    `DataCollatorForLanguageModeling` (15 % masking), AdamW at learning rate 5e-5 with linear decay and no warm-up,
    batches of 8 blocks, 3 epochs; on the same blocks of the same text. It stops when its training time reaches the
    budget (a `TrainerCallback`), so both train for the same wall time.
-3. Both are evaluated on the same validation blocks with the same masks (seqbert's seeded masking collator, batch 64).
+3. Both are evaluated on the same validation blocks with the same masks (seqbert's seeded masking collator at the
+   run's `--mlm_probability`, batch 64).
 
 Printed and written to `--json_file`: per model its training seconds, optimizer steps, training tokens per second
 (blocks x block length / training seconds), eval loss and perplexity, masked-token accuracy, and the unigram
@@ -56,6 +59,13 @@ class PretrainingBenchmarkArguments:
         default="benchmark_pretraining.json", metadata={"help": "Where to write the results."}
     )
     # transformers' run_mlm.py defaults (TrainingArguments' own, and its example's batch size)
+    seqbert_run: str | None = field(
+        default=None,
+        metadata={
+            "help": "A finished run_mlm.py output folder (all_results.json, trainer_state.json, tokenizer) to measure "
+            "BERT against instead of running run_mlm.py again; give the run_mlm arguments it ran with after --."
+        },
+    )
     bert_learning_rate: float = field(default=5e-5, metadata={"help": "transformers' recipe: TrainingArguments' lr."})
     bert_batch_size: int = field(default=8, metadata={"help": "transformers' recipe: per_device_train_batch_size."})
     bert_num_train_epochs: float = field(default=3.0, metadata={"help": "transformers' recipe: num_train_epochs."})
@@ -112,8 +122,13 @@ def train_bert(args, seqbert_dir: Path, blocks, budget: float, seed: int) -> dic
     return {"model": model, "tokenizer": tokenizer, "train": metrics}
 
 
-def evaluate_masked_lm(model, tokenizer, blocks, output_dir: Path, seed: int) -> dict[str, float]:
-    """Eval loss and masked-token accuracy with seqbert's seeded masks (batches of 64), as `run_mlm.py` evaluates."""
+def evaluate_masked_lm(
+    model, tokenizer, blocks, output_dir: Path, seed: int, mlm_probability: float
+) -> dict[str, float]:
+    """
+    Eval loss and masked-token accuracy with seqbert's seeded masks (batches of 64) at `mlm_probability`, as
+    `run_mlm.py` evaluates: the same masks as the seqbert run's evaluation.
+    """
     args = TrainingArguments(
         output_dir=str(output_dir), per_device_eval_batch_size=64, report_to=[], use_cpu=not torch.cuda.is_available()
     )
@@ -121,7 +136,7 @@ def evaluate_masked_lm(model, tokenizer, blocks, output_dir: Path, seed: int) ->
         model=model,
         args=args,
         eval_dataset=blocks["validation"],
-        data_collator=run_mlm.masking_collator(tokenizer, 0.15, seed),
+        data_collator=run_mlm.masking_collator(tokenizer, mlm_probability, seed),
         compute_metrics=functools.partial(run_mlm.masked_token_accuracy, evaluate.load(ACCURACY_PATH)),
         preprocess_logits_for_metrics=run_mlm.preprocess_logits_for_metrics,
     )
@@ -132,8 +147,12 @@ def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     own, run_mlm_argv = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     (args,) = parse_arguments(script_parser(PretrainingBenchmarkArguments, __doc__), own)
-    seqbert_dir = Path(args.output_dir) / "seqbert"
-    seqbert_metrics = run_mlm.main(["--output_dir", str(seqbert_dir), "--overwrite_output_dir", *run_mlm_argv])
+    if args.seqbert_run is None:
+        seqbert_dir = Path(args.output_dir) / "seqbert"
+        seqbert_metrics = run_mlm.main(["--output_dir", str(seqbert_dir), "--overwrite_output_dir", *run_mlm_argv])
+    else:
+        seqbert_dir = Path(args.seqbert_run)
+        seqbert_metrics = json.loads((seqbert_dir / "all_results.json").read_text())
     state = json.loads((seqbert_dir / "trainer_state.json").read_text())
     budget = seqbert_metrics["train_runtime"]
     model_args, data_args, training_args = run_mlm.make_parser().parse_args_into_dataclasses(
@@ -145,7 +164,9 @@ def main(argv: list[str] | None = None) -> dict:
         raw, tokenizer, data_args.text_column, data_args.max_seq_length, line_by_line=data_args.line_by_line
     )
     bert = train_bert(args, seqbert_dir, blocks, budget, training_args.seed)
-    bert_eval = evaluate_masked_lm(bert["model"], tokenizer, blocks, Path(args.output_dir) / "bert", training_args.seed)
+    bert_eval = evaluate_masked_lm(
+        bert["model"], tokenizer, blocks, Path(args.output_dir) / "bert", training_args.seed, data_args.mlm_probability
+    )
     block = data_args.max_seq_length
     rows = {
         "seqbert": {

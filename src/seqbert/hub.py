@@ -209,7 +209,8 @@ def training_recipe(training_args, metrics: dict, steps: int, **extra) -> dict[s
         "optimizer": f"{args.optim.value if hasattr(args.optim, 'value') else args.optim}, "
         f"weight decay {args.weight_decay:g}",
         "learning rate": f"{args.learning_rate:g}, {getattr(args.lr_scheduler_type, 'value', args.lr_scheduler_type)} "
-        f"schedule, {args.warmup_steps:g} warm-up steps",
+        f"schedule, {args.get_warmup_steps(args.max_steps if args.max_steps > 0 else steps):g} warm-up steps"
+        + (f" ({args.warmup_steps:.0%} of the steps)" if 0 < args.warmup_steps < 1 else ""),
         "precision": precision,
         "gradient checkpointing": str(bool(args.gradient_checkpointing)),
         "seed": str(args.seed),
