@@ -12,7 +12,7 @@ import seqbert
 
 
 ROOT = Path(__file__).resolve().parents[1]
-API_PAGES = ("models", "cpu-inference", "data", "training", "hub", "conversion")
+API_PAGES = ("models", "cpu-inference", "data", "training", "hub", "conversion", "serving")
 
 
 def test_the_site_builds_strict_and_documents_every_public_name(tmp_path):
