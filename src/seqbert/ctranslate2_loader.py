@@ -22,8 +22,9 @@ classification, question answering, seq2seq) converts without a pooler rather th
 
 Registration costs nothing where CTranslate2 is not installed: `register_ctranslate2_loader_on_import()` registers the
 loader right after `ctranslate2.converters.transformers` is first imported (at once if it already was), the way
-`peft_integration` adds SeqBERT's PEFT targets. `python -m seqbert.ctranslate2_loader` is `ct2-transformers-converter`
-with the loader registered (the stock command runs in a process that never imports seqbert).
+`peft_integration` adds SeqBERT's PEFT targets. `main` is `ct2-transformers-converter` with the loader registered (the
+stock command runs in a process that never imports seqbert): `python -c "from seqbert.ctranslate2_loader import main;
+main()" --model FOLDER --output_dir OUT` (not `python -m`: the package imports this module first, and runpy warns).
 """
 
 import functools
@@ -239,8 +240,8 @@ def main() -> None:
     `ct2-transformers-converter` (CTranslate2's command line, same arguments) with the SeqBERT loader registered.
 
     Usage:
-        python -m seqbert.ctranslate2_loader --model SEQBERT_FOLDER --output_dir CT2_FOLDER [--quantization int8]
-            [--force]
+        python -c "from seqbert.ctranslate2_loader import main; main()" --model SEQBERT_FOLDER \
+            --output_dir CT2_FOLDER [--quantization int8] [--force]
 
     Raises:
         ImportError: ctranslate2 is not installed.
