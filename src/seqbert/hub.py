@@ -436,7 +436,8 @@ def validate_model_folder(model_dir) -> list[str]:
 
     Checks: `config.json` is a SeqBERT config whose `auto_map` has `AutoConfig`, `AutoModel` and the Auto class of
     its architecture; every code file `auto_map` names, and every file those import relatively, is in the folder;
-    safetensors weights (all shards) are there and readable (not truncated) and no pickled file would be uploaded; a tokenizer; the card
+    safetensors weights (all shards) are there and readable (not truncated) and no pickled file would be uploaded (an OpenVINO
+    `.bin` beside its `.xml` is raw weights, not a pickle); a tokenizer; the card
     (`README.md`) with YAML metadata naming `library_name` and the `custom_code` tag.
 
     Returns:
@@ -459,7 +460,9 @@ def validate_model_folder(model_dir) -> list[str]:
                 problems.append(f"{path.name} is missing (named in the weight index)")
             elif (problem := safetensors_file_problem(path)) is not None:
                 problems.append(problem)
-    pickled = sorted(name for name in names if name.endswith(PICKLED_SUFFIXES))
+    # OpenVINO's IR keeps its weights as raw tensors in a `.bin` beside the `.xml` graph: not a pickle.
+    openvino_weights = {name[: -len(".xml")] + ".bin" for name in names if name.endswith(".xml")}
+    pickled = sorted(name for name in names if name.endswith(PICKLED_SUFFIXES) and name not in openvino_weights)
     if pickled:
         problems.append(
             f"pickled files would be uploaded ({', '.join(pickled)}): unpickling runs code on the downloader's machine; "
