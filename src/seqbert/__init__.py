@@ -30,6 +30,7 @@ from .modeling_seqbert import (
     SeqBertModel,
     SeqBertPreTrainedModel,
 )
+from .optimum_export import register_optimum_export_configs_on_import
 
 
 __version__ = SEQBERT_VERSION
@@ -51,6 +52,7 @@ for _auto_class, _model_class in AUTO_CLASSES.items():
 
 # Serving engines learn SeqBERT when they are imported (nothing happens where they are not installed).
 register_ctranslate2_loader_on_import()
+register_optimum_export_configs_on_import()
 
 __all__ = [
     "SeqBertConfig",
