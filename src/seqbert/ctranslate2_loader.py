@@ -35,7 +35,7 @@ import sys
 import torch
 from transformers import AutoModel
 
-from .peft_integration import _AfterImport
+from .peft_integration import AfterImport
 
 
 CTRANSLATE2_MODULE = "ctranslate2.converters.transformers"
@@ -232,7 +232,7 @@ def register_ctranslate2_loader_on_import() -> None:
     if CTRANSLATE2_MODULE in sys.modules:
         register_ctranslate2_loader(sys.modules[CTRANSLATE2_MODULE])
     elif importlib.util.find_spec("ctranslate2") is not None:
-        sys.meta_path.insert(0, _AfterImport(CTRANSLATE2_MODULE, register_ctranslate2_loader))
+        sys.meta_path.insert(0, AfterImport(CTRANSLATE2_MODULE, register_ctranslate2_loader))
 
 
 def main() -> None:

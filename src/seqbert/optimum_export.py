@@ -26,7 +26,7 @@ import importlib.util
 import sys
 import warnings
 
-from .peft_integration import _AfterImport
+from .peft_integration import AfterImport
 
 
 # The tasks SeqBERT's encoder heads serve, under optimum's task names.
@@ -191,4 +191,4 @@ def register_optimum_export_configs_on_import() -> None:
         if module_name in sys.modules:
             _register_after_import(exporter, sys.modules[module_name])
         elif not any(getattr(finder, "module_name", None) == module_name for finder in sys.meta_path):
-            sys.meta_path.insert(0, _AfterImport(module_name, functools.partial(_register_after_import, exporter)))
+            sys.meta_path.insert(0, AfterImport(module_name, functools.partial(_register_after_import, exporter)))

@@ -47,9 +47,12 @@ def register_peft_target_modules(constants=None) -> None:
             table.setdefault("seqbert", [m for module in bert_modules for m in _BERT_TO_SEQBERT_MODULES[module]])
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
+class AfterImport(importlib.abc.MetaPathFinder):
     """Runs `callback(module)` right after `module_name` is first imported: a post-import hook, which importlib lacks.
-    It finds the real module spec through the other finders and wraps its loader's `exec_module`."""
+    It finds the real module spec through the other finders and wraps its loader's `exec_module`. Shared by the
+    integrations that register SeqBERT with an optional library when that library is imported (peft here,
+    CTranslate2 in `ctranslate2_loader`, optimum in `optimum_export`); it lives in this file because this one is
+    copied into saved folders."""
 
     def __init__(self, module_name: str, callback: Callable):
         self.module_name, self.callback = module_name, callback
@@ -76,4 +79,4 @@ def register_peft_target_modules_on_import() -> None:
     if "peft.utils.constants" in sys.modules:
         register_peft_target_modules(sys.modules["peft.utils.constants"])
     elif importlib.util.find_spec("peft") is not None:
-        sys.meta_path.insert(0, _AfterImport("peft.utils.constants", register_peft_target_modules))
+        sys.meta_path.insert(0, AfterImport("peft.utils.constants", register_peft_target_modules))
