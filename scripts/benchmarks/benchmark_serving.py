@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The deploy routes of one saved SeqBERT folder (its ONNX and OpenVINO files, its CTranslate2 conversion, its BERT
 export) timed against seqbert's own model in the same process, interleaved, on the batches `benchmark.py` uses: how
-fast each route runs and how far its hidden states are from seqbert's. The default run takes about 4.5 minutes on 2 CPU
+fast each route runs and how far its hidden states are from seqbert's. The default run takes about 2.5 minutes on 2 CPU
 cores.
 
     python scripts/benchmarks/benchmark_serving.py [--threads 2] [--repeats 5] [--json_file benchmark_serving.json]
