@@ -10,6 +10,7 @@ tests/test_export_bert.py (`test_what_bert_lacks_is_refused_in_one_line`); here 
 pre-LN folder, where a llama.cpp user would start.
 """
 
+import shutil
 from pathlib import Path
 
 import check_llama_cpp
@@ -32,6 +33,14 @@ def results(tmp_path_factory):
         skip_module_without_package_index(
             f"the {check_llama_cpp.ENVIRONMENT} environment", "python scripts/checks/check_llama_cpp.py --quick"
         )
+        if not any(shutil.which(compiler) for compiler in ("c++", "g++", "clang++")):
+            # Building llama.cpp from the sdist needs one (pip fetches CMake and Ninja itself).
+            pytest.skip(
+                f"the {check_llama_cpp.ENVIRONMENT} environment: not cached, and building llama.cpp needs a C++ "
+                "compiler, none is on PATH; install one (apt install g++) and run "
+                "`python scripts/checks/check_llama_cpp.py --quick`",
+                allow_module_level=True,
+            )
     return check_llama_cpp.check(VENV_ROOT, tmp_path_factory.mktemp("llama-cpp"), quick=True)
 
 
