@@ -33,7 +33,7 @@ CODE_FILES = {
     "configuration_seqbert.py",
     "modeling_seqbert.py",
     "convert_bert.py",
-    "cpu_training_attention.py",
+    "attention_backends.py",
     "input_checks.py",
     "packed_cpu_linears.py",
     "peft_integration.py",

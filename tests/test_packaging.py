@@ -52,7 +52,7 @@ def test_wheel_and_sdist_carry_the_template_and_one_version(dist):
     assert {
         "seqbert/hub_card/model_card_template.md",
         "seqbert/modeling_seqbert.py",
-        "seqbert/cpu_training_attention.py",
+        "seqbert/attention_backends.py",
         "seqbert/input_checks.py",
         "seqbert/packed_cpu_linears.py",
         "seqbert/peft_integration.py",

@@ -27,6 +27,11 @@ def _pair(config, model_class=seqbert.SeqBertModel):
     return fast, reference
 
 
+def _layout(model, inputs: dict, **kwargs) -> UnpaddedBatch | None:
+    """The unpadded layout `model`'s forward would take on `inputs` (None: the padded path)."""
+    return model._unpadded_batch(inputs["input_ids"], None, inputs["attention_mask"], None, [], kwargs)[0]
+
+
 @st.composite
 def padded_batches(draw):
     config = seqbert.SeqBertConfig(
@@ -63,7 +68,7 @@ def test_unpadded_equals_padded_reference_on_real_tokens(batch):
     config, inputs = batch
     fast, reference = _pair(config)
     mask = inputs["attention_mask"].bool()
-    assert fast._unpadded_batch(inputs["attention_mask"], None, {}) is not None or bool(mask.all())
+    assert _layout(fast, inputs) is not None or bool(mask.all())
     with torch.no_grad():
         out, ref = fast(**inputs), reference(**inputs)
     assert (out.last_hidden_state - ref.last_hidden_state)[mask].abs().max().item() <= TOLERANCE
@@ -121,7 +126,7 @@ def test_real_weights_and_text_match_bert(minilm_path, tokenizer, rt_texts):
     batch = tokenizer(rt_texts[:32], padding=True, return_tensors="pt")
     mask = batch["attention_mask"].bool()
     assert 0.2 < 1 - mask.float().mean().item()  # a real share of padding, so the fast path matters
-    assert model._unpadded_batch(batch["attention_mask"], None, {}) is not None
+    assert _layout(model, batch) is not None
     with torch.no_grad():
         out, ref = model(**batch), reference(**batch)
     assert (out.last_hidden_state - ref.last_hidden_state)[mask].abs().max().item() <= TOLERANCE
@@ -131,7 +136,7 @@ def test_real_weights_and_text_match_bert(minilm_path, tokenizer, rt_texts):
 def test_hidden_states_requests_take_the_padded_path(tiny_batch_config):
     config, inputs = tiny_batch_config
     fast, reference = _pair(config)
-    assert fast._unpadded_batch(inputs["attention_mask"], None, {"output_hidden_states": True}) is None
+    assert _layout(fast, inputs, output_hidden_states=True) is None
     with torch.no_grad():
         out = fast(**inputs, output_hidden_states=True)
         ref = reference(**inputs, output_hidden_states=True)

@@ -20,13 +20,8 @@ import warnings
 import torch
 from torch import nn
 
-from .modeling_seqbert import (
-    SeqBertEncoder,
-    SeqBertLayer,
-    SeqBertPreNormLayer,
-    SeqBertPreTrainedModel,
-    UnpaddedBatch,
-)
+from .attention_backends import UnpaddedBatch
+from .modeling_seqbert import SeqBertEncoder, SeqBertLayer, SeqBertPreNormLayer, SeqBertPreTrainedModel
 
 
 # hidden_act -> oneDNN's (post-op, algorithm) for the fused bias + activation of the feed-forward's first linear.

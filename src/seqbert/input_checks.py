@@ -3,14 +3,16 @@ naming it, never an `IndexError` or a torch `RuntimeError` from deep inside the 
 
 The models call these before (or, for labels, next to) their computation, so that `modeling_seqbert.py` keeps only
 the model itself. Also here: `eager_execution`, which says whether values may be read on the host (checks and the
-unpadded fast path skip that under `torch.compile` and tracing), and `packed_sequence_ids`, which reads (and checks)
-where packed sequences start in a row.
+unpadded fast path skip that under `torch.compile` and tracing); `DeferredCheck` and `read_on_host`, which let the
+encoder read all its value checks and its unpadded layout in one host read (one sync on a GPU); and
+`packed_sequence_ids`, which says (and checks) where packed sequences start in a row.
 
 Imported relatively by `modeling_seqbert.py`, so it is copied into saved model folders for `trust_remote_code=True`
 users and depends only on torch and transformers.
 """
 
 import copy
+from dataclasses import dataclass
 
 import torch
 from transformers.generation import GenerationConfig
@@ -87,6 +89,91 @@ def check_ids_in_range(
     raise ValueError(f"{name} holds {ids[tuple(bad)].item()} at index {tuple(bad.tolist())}; allowed: {allowed}")
 
 
+class DeferredCheck:
+    """
+    A check of input values whose host read is deferred, so that several checks (and the encoder's unpadded layout)
+    share one read: one sync on a GPU instead of one each (see `read_on_host`).
+    """
+
+    def passed(self) -> torch.Tensor:
+        """A 0-dim tensor on the checked tensor's device, non-zero when the check passes (no host read)."""
+        raise NotImplementedError
+
+    def raise_error(self) -> None:
+        """Raise the check's error, naming the argument, the value and what is allowed (reads values on the host)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class IdsInRange(DeferredCheck):
+    """`check_ids_in_range(name, ids, high, high_name)`, deferred."""
+
+    name: str
+    ids: torch.Tensor
+    high: int | None
+    high_name: str = ""
+
+    def passed(self) -> torch.Tensor:
+        if self.ids.numel() == 0:
+            return torch.ones((), dtype=torch.bool, device=self.ids.device)
+        limit = torch.iinfo(torch.int64).max if self.high is None else self.high
+        low, high = torch.aminmax(self.ids)
+        return (low >= 0) & (high < limit)
+
+    def raise_error(self) -> None:
+        check_ids_in_range(self.name, self.ids, self.high, self.high_name)
+
+
+@dataclass(frozen=True)
+class CumulativeLengthsCover(DeferredCheck):
+    """`cu_seq_lens_q` (the flattening collator's cumulative lengths) runs from 0 to the number of tokens."""
+
+    cu_seq_lens: torch.Tensor
+    batch_size: int
+    seq_len: int
+
+    def passed(self) -> torch.Tensor:
+        return (self.cu_seq_lens[0] == 0) & (self.cu_seq_lens[-1] == self.batch_size * self.seq_len)
+
+    def raise_error(self) -> None:
+        first, last = self.cu_seq_lens[[0, -1]].tolist()
+        raise ValueError(
+            f"cu_seq_lens_q runs from {first} to {last}, but it must run from 0 to the number of tokens "
+            f"{self.batch_size * self.seq_len} (batch_size {self.batch_size} x sequence_length {self.seq_len})"
+        )
+
+
+def read_on_host(checks, scalars=()) -> list[int]:
+    """
+    Read the outcome of every check of `checks` and the 0-dim integer or boolean tensors `scalars` to the host in one
+    read: one sync on a GPU, whatever their number. Skipped under `torch.compile` and tracing (see `eager_execution`),
+    where nothing is read and `scalars` must be empty.
+
+    Args:
+        checks (`Sequence[DeferredCheck]`): checked in order; the first that fails raises its error.
+        scalars (`Sequence[torch.Tensor]`): 0-dim tensors on one device.
+
+    Returns:
+        `list[int]`: the values of `scalars`.
+
+    Raises:
+        ValueError, TypeError: a check of `checks` fails.
+    """
+    if not eager_execution():
+        if scalars:
+            raise RuntimeError("read_on_host cannot read scalars while tracing")
+        return []
+    values = [check.passed() for check in checks] + list(scalars)
+    if not values:
+        return []
+    device = values[-1].device
+    host = torch.stack([value.to(device=device, dtype=torch.long) for value in values]).tolist()
+    for check, passed in zip(checks, host, strict=False):
+        if not passed:
+            check.raise_error()
+    return host[len(checks) :]
+
+
 def _check_ids_or_embeds(
     config: SeqBertConfig,
     input_ids: torch.Tensor | None,
@@ -121,8 +208,17 @@ def check_encoder_inputs(
     token_type_ids: torch.Tensor | None,
     position_ids: torch.Tensor | None,
     inputs_embeds: torch.Tensor | None,
+    deferred: list[DeferredCheck] | None = None,
 ) -> None:
-    """The checks of `SeqBertModel.forward` (see its Raises section)."""
+    """The checks of `SeqBertModel.forward` (see its Raises section). With a `deferred` list, the checks that read
+    values on the host are appended to it instead of run (run them with `read_on_host`)."""
+
+    def in_range(name: str, ids: torch.Tensor, high: int | None, high_name: str = "") -> None:
+        if deferred is None:
+            check_ids_in_range(name, ids, high, high_name)
+        else:
+            deferred.append(IdsInRange(name, ids, high, high_name))
+
     batch_size, seq_len, name = _check_ids_or_embeds(
         config, input_ids, inputs_embeds, "input_ids", "inputs_embeds", "sequence_length"
     )
@@ -151,7 +247,7 @@ def check_encoder_inputs(
         check_tensor("token_type_ids", token_type_ids, "integer", (2,), "(batch_size, sequence_length)")
         check_shape("token_type_ids", token_type_ids, (batch_size, seq_len), f"like {name}", broadcast=True)
         if config.type_vocab_size > 0:
-            check_ids_in_range("token_type_ids", token_type_ids, config.type_vocab_size, "type_vocab_size")
+            in_range("token_type_ids", token_type_ids, config.type_vocab_size, "type_vocab_size")
         elif eager_execution() and bool(token_type_ids.any()):
             raise ValueError(
                 "token_type_ids holds non-zero segment ids, but the model has no segment embeddings "
@@ -161,11 +257,11 @@ def check_encoder_inputs(
         check_tensor("position_ids", position_ids, "integer", (2,), "(batch_size, sequence_length)")
         check_shape("position_ids", position_ids, (batch_size, seq_len), f"like {name}", broadcast=True)
         if learned:
-            check_ids_in_range("position_ids", position_ids, config.max_position_embeddings, "max_position_embeddings")
+            in_range("position_ids", position_ids, config.max_position_embeddings, "max_position_embeddings")
         else:
-            check_ids_in_range("position_ids", position_ids, None)
+            in_range("position_ids", position_ids, None)
     if input_ids is not None:
-        check_ids_in_range("input_ids", input_ids, config.vocab_size, "vocab_size")
+        in_range("input_ids", input_ids, config.vocab_size, "vocab_size")
 
 
 def packed_sequence_ids(
@@ -174,6 +270,7 @@ def packed_sequence_ids(
     inputs_embeds: torch.Tensor | None,
     position_ids: torch.Tensor | None,
     kwargs: dict,
+    deferred: list[DeferredCheck] | None = None,
 ) -> torch.Tensor | None:
     """
     Which sequence each token belongs to when rows are packed (several sequences in one row, as
@@ -184,6 +281,10 @@ def packed_sequence_ids(
     else from `position_ids`: a step other than +1 along a row starts a new sequence (transformers'
     `find_packed_sequence_indices`, which returns None when no row restarts, and always returns the ids when traced).
 
+    With a `deferred` list (the unpadded encoder, which reads everything in one host read), nothing is read on the
+    host here: the check of `cu_seq_lens_q` is appended to it, and `position_ids` always give ids (unchanged along
+    ordinary rows), whether any row restarts is read with the layout (`UnpaddedBatch.packed`).
+
     Raises:
         TypeError: `cu_seq_lens_q` is not an integer tensor.
         ValueError: `cu_seq_lens_q` is not 1-D, or does not run from 0 to the number of tokens B * L; packed rows
@@ -193,17 +294,18 @@ def packed_sequence_ids(
     cu_seq_lens = kwargs.get("cu_seq_lens_q")
     if cu_seq_lens is not None:
         check_tensor("cu_seq_lens_q", cu_seq_lens, "integer", (1,), "(num_sequences + 1,)")
-        if eager_execution():
-            first, last = cu_seq_lens[[0, -1]].tolist()
-            if first != 0 or last != batch_size * seq_len:
-                raise ValueError(
-                    f"cu_seq_lens_q runs from {first} to {last}, but it must run from 0 to the number of tokens "
-                    f"{batch_size * seq_len} (batch_size {batch_size} x sequence_length {seq_len})"
-                )
+        check = CumulativeLengthsCover(cu_seq_lens, batch_size, seq_len)
+        if deferred is not None:
+            deferred.append(check)
+        else:
+            read_on_host([check])
         tokens = torch.arange(batch_size * seq_len, device=cu_seq_lens.device)
         return torch.searchsorted(cu_seq_lens[1:].long(), tokens, right=True).view(batch_size, seq_len)
     if position_ids is None:
         return None
+    if deferred is not None:  # find_packed_sequence_indices' numbering, without its host read
+        steps = torch.diff(position_ids, prepend=position_ids[:, :1] - 1, dim=-1)
+        return (steps != 1).cumsum(-1).expand(batch_size, seq_len)
     sequence_ids = find_packed_sequence_indices(position_ids)
     if config._attn_implementation.startswith("flash"):
         if sequence_ids is not None and eager_execution():

@@ -6,8 +6,9 @@ pooler and LM head -> `SeqBertPreTrainedModel` -> `SeqBertModel` -> decoder -> t
 This file holds the model. What surrounds it lives next to it, one module each: the checks of `forward` and
 `generate` arguments (`input_checks.py`), the bridges to older transformers 5.x releases (`transformers_compat.py`),
 the oneDNN packed linears `generate` runs under on CPU (`packed_cpu_linears.py`), PEFT's default adapter targets
-(`peft_integration.py`), BERT checkpoint conversion (`convert_bert.py`) and the attention bf16 training runs on CPU
-(`cpu_training_attention.py`). This file and `configuration_seqbert.py`
+(`peft_integration.py`), BERT checkpoint conversion (`convert_bert.py`) and the attention back-ends with the unpadded
+layout they read (`attention_backends.py`: the eager reference, sdpa, torch's variable-length flash kernel on CUDA).
+This file and `configuration_seqbert.py`
 are copied into saved model folders for `trust_remote_code=True` users together with those modules, so they all
 import each other relatively and depend only on torch and transformers.
 
@@ -18,8 +19,7 @@ V vocab_size, C num_labels.
 import copy
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import NamedTuple
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -47,6 +47,13 @@ from transformers.processing_utils import Unpack
 from transformers.utils import ModelOutput, logging
 from transformers.utils.generic import TransformersKwargs, can_return_tuple
 
+from .attention_backends import (
+    UnpaddedBatch,
+    eager_attention_forward,
+    sdpa_attention_forward,
+    varlen_attention_applies,
+    varlen_attention_forward,
+)
 from .configuration_seqbert import SeqBertConfig
 from .convert_bert import (
     check_bert_loading_info,
@@ -61,7 +68,6 @@ from .convert_bert import (
     refuse_pickled_weights,
     report_bert_loading,
 )
-from .cpu_training_attention import sdpa_attention_forward
 from .input_checks import (
     IGNORE_INDEX,
     check_answer_positions,
@@ -76,6 +82,7 @@ from .input_checks import (
     check_tensor,
     eager_execution,
     packed_sequence_ids,
+    read_on_host,
 )
 from .packed_cpu_linears import PackedCpuLinears
 from .peft_integration import register_peft_target_modules_on_import
@@ -183,126 +190,6 @@ class SeqBertEmbeddings(nn.Module):
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-def eager_attention_forward(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float,
-    dropout: float = 0.0,
-    **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """
-    Plain scaled dot-product attention, softmax(Q Kᵀ · scaling + mask) V ("Attention Is All You Need" §3.2.1).
-    The readable reference that the sdpa / flash / flex backends must match.
-
-    Args:
-        query, key, value (`torch.Tensor`): (B, N, L_q, D), (B, N, L_k, D), (B, N, L_k, D).
-        attention_mask (`torch.Tensor`, *optional*): additive float mask broadcastable to (B, N, L_q, L_k), 0 where
-            attention is allowed and the dtype's minimum where it is not (as built by `masking_utils`).
-        scaling (`float`): usually D ** -0.5.
-        dropout (`float`): dropout probability on the attention weights (applied only in training).
-
-    Returns:
-        `(attn_output, attn_weights)`: (B, L_q, N, D) and (B, N, L_q, L_k).
-    """
-    attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling  # (B, N, L_q, L_k)
-    if attention_mask is not None:
-        attn_weights = attn_weights + attention_mask
-    attn_weights = nn.functional.softmax(attn_weights, dim=-1)
-    attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
-    attn_output = torch.matmul(attn_weights, value)  # (B, N, L_q, D)
-    return attn_output.transpose(1, 2).contiguous(), attn_weights  # (B, L_q, N, D)
-
-
-class UnpaddedBatch(NamedTuple):
-    """
-    Where the T real tokens of a batch sit, for the unpadded encoder: hidden states travel as (1, T, H) over the real
-    tokens only (embeddings, projections, feed-forward and LayerNorms never see padding), and only attention lays
-    them out again, one sequence per row.
-
-    Two layouts are kept. The *input* layout is the batch as given, (B, L): `unpad` takes its real tokens, `pad`
-    puts results back there (zeros at padding). The *attention* layout is (S, L_max): one row per sequence, each
-    starting at column 0, with `attention_mask` (S, L_max) marking its real tokens. For an ordinary padded batch the
-    sequences are the rows (S = B). For packed rows (several sequences in one row, as `DataCollatorWithFlattening`
-    builds them) each sequence gets its own row, so no token attends across a sequence boundary.
-
-    Every move between layouts is a gather (`index_select`, several times faster on the CPU than advanced indexing or
-    scattering into zeros). In the attention layout a position after a sequence's end repeats that sequence's first
-    token (our own shortcut, exact): as a key it is masked out (weight exactly 0 after the softmax, times a finite
-    value of the same sequence), and as a query its output is never read, so neither results nor gradients change.
-
-    Attributes:
-        indices (`torch.LongTensor` of shape `(T,)`): flat input positions `b * L + l` of the real tokens, in order.
-        input_shape (`tuple[int, int]`): (B, L).
-        attention_indices (`torch.LongTensor` of shape `(T,)`): flat attention positions `s * L_max + k` of the same
-            tokens (sequence s, k-th token of it).
-        attention_mask (`torch.BoolTensor` of shape `(S, L_max)`): True where a sequence has a token.
-        attention_sources (`torch.LongTensor` of shape `(S * L_max,)`): the real token (0 .. T-1) each flat attention
-            position holds: its own, or after a sequence's end that sequence's first.
-    """
-
-    indices: torch.Tensor
-    input_shape: tuple[int, int]
-    attention_indices: torch.Tensor
-    attention_mask: torch.Tensor
-    attention_sources: torch.Tensor
-
-    @classmethod
-    def from_mask(
-        cls, attention_mask: torch.Tensor | None, sequence_ids: torch.Tensor | None = None
-    ) -> "UnpaddedBatch":
-        """
-        Args:
-            attention_mask (`torch.Tensor` of shape `(B, L)`, *optional*): 1 (or True) for real tokens; None: all real.
-            sequence_ids (`torch.LongTensor` of shape `(B, L)`, *optional*): which sequence each token belongs to; a
-                new sequence starts wherever the id changes along a row (as `find_packed_sequence_indices` numbers
-                them). None: one sequence per row.
-        At least one of the two is given. Reads the layout on the host (two syncs).
-        """
-        reference = attention_mask if attention_mask is not None else sequence_ids
-        batch_size, seq_len = reference.shape
-        real = torch.ones_like(reference, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-        indices = real.reshape(-1).nonzero().squeeze(1)  # (T,)
-        # A sequence starts at the first real token, at each new row, and wherever the sequence id changes.
-        row = indices // seq_len
-        starts = torch.ones_like(indices, dtype=torch.bool)
-        starts[1:] = row[1:] != row[:-1]
-        if sequence_ids is not None:
-            sequence = sequence_ids.reshape(-1)[indices]
-            starts[1:] |= sequence[1:] != sequence[:-1]
-        sequence_index = starts.cumsum(0) - 1  # (T,): 0 .. S-1
-        token = torch.arange(indices.numel(), device=indices.device)
-        first_token = starts.nonzero().squeeze(1)  # (S,)
-        offset = token - first_token[sequence_index]  # k-th token of its sequence
-        lengths = torch.bincount(sequence_index)  # (S,)
-        max_length = int(lengths.max())
-        attention_mask = torch.arange(max_length, device=indices.device) < lengths[:, None]  # (S, L_max)
-        attention_indices = sequence_index * max_length + offset
-        attention_sources = first_token.repeat_interleave(max_length)  # (S * L_max,)
-        attention_sources[attention_indices] = token
-        return cls(indices, (batch_size, seq_len), attention_indices, attention_mask, attention_sources)
-
-    def unpad(self, padded: torch.Tensor) -> torch.Tensor:
-        """(B, L, ...) in the input layout -> (1, T, ...): the real tokens' rows."""
-        return padded.reshape(-1, *padded.shape[2:]).index_select(0, self.indices).unsqueeze(0)
-
-    def pad(self, unpadded: torch.Tensor) -> torch.Tensor:
-        """(1, T, ...) -> (B, L, ...) in the input layout, zeros at padding."""
-        rows = unpadded.new_zeros(self.input_shape[0] * self.input_shape[1], *unpadded.shape[2:])
-        return rows.index_copy_(0, self.indices, unpadded[0]).view(*self.input_shape, *unpadded.shape[2:])
-
-    def to_attention_layout(self, unpadded: torch.Tensor) -> torch.Tensor:
-        """(1, T, ...) -> (S, L_max, ...), one sequence per row; after a sequence's end, its first token again."""
-        shape = self.attention_mask.shape
-        return unpadded[0].index_select(0, self.attention_sources).view(*shape, *unpadded.shape[2:])
-
-    def from_attention_layout(self, laid_out: torch.Tensor) -> torch.Tensor:
-        """(S, L_max, ...) -> (1, T, ...): the real tokens' rows, in input order."""
-        return laid_out.reshape(-1, *laid_out.shape[2:]).index_select(0, self.attention_indices).unsqueeze(0)
-
-
 class SeqBertAttention(nn.Module):
     """
     Multi-head scaled dot-product attention with BERT's separate query, key and value projections (named as in
@@ -328,7 +215,10 @@ class SeqBertAttention(nn.Module):
         self.out_proj = nn.Linear(config.hidden_size, config.hidden_size)
 
     def _split_heads(self, projected: torch.Tensor, unpadded: UnpaddedBatch | None = None) -> torch.Tensor:
-        """(B, L, H) -> (B, N, L, D); with `unpadded`, (1, T, H) -> (S, N, L_max, D) in the attention layout."""
+        """(B, L, H) -> (B, N, L, D); with `unpadded`, (1, T, H) -> (S, N, L_max, D) in the attention layout, or
+        (T, N, D) as they are for variable-length attention (`unpadded.varlen`)."""
+        if unpadded is not None and unpadded.varlen:
+            return projected.view(-1, self.num_heads, self.head_dim)  # (T, N, D)
         if unpadded is not None:
             projected = unpadded.to_attention_layout(projected)  # (S, L_max, H)
         return projected.view(*projected.shape[:-1], self.num_heads, self.head_dim).transpose(1, 2)
@@ -357,6 +247,8 @@ class SeqBertAttention(nn.Module):
         **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`_attend` before the output projection: the heads' outputs side by side, (B, L, H) or (1, T, H)."""
+        if unpadded is not None and unpadded.varlen:  # (T, N, D) each, on CUDA: no layout, no mask
+            return varlen_attention_forward(query, key, value, unpadded).view(1, query.shape[0], -1), None
         attention_interface: Callable = eager_attention_forward  # also for a bare config (implementation None)
         if self.config._attn_implementation == "sdpa":
             attention_interface = sdpa_attention_forward  # transformers' own, but for bf16 training on CPU
@@ -1010,11 +902,15 @@ class SeqBertModel(SeqBertPreTrainedModel):
                 `cu_seq_lens_q` that does not cover the batch; packed rows without `cu_seq_lens_q` under
                 flash-attention. Value checks are skipped under `torch.compile` and tracing.
         """
-        check_encoder_inputs(self.config, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-        sequence_ids = packed_sequence_ids(self.config, input_ids, inputs_embeds, position_ids, kwargs)
+        value_checks = []  # read on the host together with the unpadded layout: one sync per forward
+        check_encoder_inputs(
+            self.config, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, value_checks
+        )
+        unpadded, sequence_ids = self._unpadded_batch(
+            input_ids, inputs_embeds, attention_mask, position_ids, value_checks, kwargs
+        )
         same_layer = self.config.is_encoder_decoder and self.config.cross_attention_source == "same_layer"
         layer_inputs = [] if same_layer else None
-        unpadded = self._unpadded_batch(attention_mask, sequence_ids, kwargs)
         if unpadded is None:
             embedding_output = self.embeddings(
                 input_ids=input_ids,
@@ -1040,19 +936,95 @@ class SeqBertModel(SeqBertPreTrainedModel):
                 if layer_inputs:
                     layer_inputs = [x * attention_mask[:, :, None].to(x.dtype) for x in layer_inputs]
         else:
-            # Fast path: only the T real tokens go through embeddings, projections, feed-forward and LayerNorms.
-            batch_size, seq_len = unpadded.input_shape
-            if position_ids is None:
-                position_ids = torch.arange(seq_len, device=unpadded.indices.device)
-            embedding_output = self.embeddings(
-                input_ids=None if input_ids is None else unpadded.unpad(input_ids),
-                # (1, L) token types and positions stand for every row, as on the padded path.
-                token_type_ids=None
-                if token_type_ids is None
-                else unpadded.unpad(token_type_ids.expand(batch_size, seq_len)),
-                position_ids=unpadded.unpad(position_ids.expand(batch_size, seq_len)),
-                inputs_embeds=None if inputs_embeds is None else unpadded.unpad(inputs_embeds),
-            )  # (1, T, H)
+            sequence_output, layer_inputs = self._encode_unpadded(
+                unpadded, input_ids, token_type_ids, position_ids, inputs_embeds, layer_inputs, **kwargs
+            )
+        pooled_output = self.pooler(sequence_output) if self.pooler is not None else None  # (B, H)
+        stacked = torch.stack(layer_inputs[: self.config.num_decoder_layers], dim=1) if layer_inputs else None
+        return SeqBertModelOutput(last_hidden_state=sequence_output, pooler_output=pooled_output, layer_inputs=stacked)
+
+    def _unpadded_batch(
+        self,
+        input_ids: torch.Tensor | None,
+        inputs_embeds: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+        value_checks: list,
+        kwargs: dict,
+    ) -> tuple[UnpaddedBatch | None, torch.Tensor | None]:
+        """
+        `(layout, sequence_ids)`: the real tokens' layout when the unpadded fast path applies (sdpa attention, eager
+        execution, a (B, L) mask with some padding and some real tokens, or packed rows, and no per-layer outputs
+        requested: those are recorded in the padded layout), else None: the padded path, which
+        `attn_implementation="eager"` always takes as the readable reference, and which `torch.compile` /
+        `torch.export` trace (it has no data-dependent shapes). `sequence_ids` (B, L) number packed sequences, for
+        the padded path's block-diagonal mask (None where no row is packed).
+
+        The value checks of the inputs and the layout are read on the host together, once (`UnpaddedBatch.from_mask`).
+        On CUDA in fp16 / bf16 without attention dropout the layout is `cu_seqlens` alone, for torch's
+        variable-length kernel (`varlen_attention_applies`); elsewhere attention lays the tokens out per sequence.
+        """
+        eligible = self.config._attn_implementation == "sdpa" and eager_execution()
+        eligible = eligible and (attention_mask is None or attention_mask.dim() == 2)
+        eligible = eligible and not any(
+            kwargs.get(name, getattr(self.config, name, False))
+            for name in ("output_hidden_states", "output_attentions")
+        )
+        if not eligible:
+            read_on_host(value_checks)
+            return None, packed_sequence_ids(self.config, input_ids, inputs_embeds, position_ids, kwargs)
+        sequence_ids = packed_sequence_ids(self.config, input_ids, inputs_embeds, position_ids, kwargs, value_checks)
+        if attention_mask is None and sequence_ids is None:
+            read_on_host(value_checks)
+            return None, None  # nothing to drop, no sequence boundary
+        unpadded = UnpaddedBatch.from_mask(attention_mask, sequence_ids, tuple(value_checks), attention_layout=False)
+        batch_size, seq_len = unpadded.input_shape
+        if unpadded.num_tokens == 0 or (unpadded.num_tokens == batch_size * seq_len and not unpadded.packed):
+            return None, None  # nothing to keep, or nothing to drop
+        reference = input_ids if input_ids is not None else inputs_embeds
+        dtype = self.embeddings.layer_norm.weight.dtype
+        if torch.is_autocast_enabled(reference.device.type):
+            dtype = torch.get_autocast_dtype(reference.device.type)
+        dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
+        head_dim = self.config.hidden_size // self.config.num_attention_heads
+        if varlen_attention_applies(reference.device, dtype, head_dim, dropout):
+            return replace(unpadded, varlen=True), sequence_ids
+        return unpadded.with_attention_layout(), sequence_ids
+
+    def _encode_unpadded(
+        self,
+        unpadded: UnpaddedBatch,
+        input_ids: torch.Tensor | None,
+        token_type_ids: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+        inputs_embeds: torch.Tensor | None,
+        layer_inputs: list | None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, list | None]:
+        """
+        The fast path: only the T real tokens go through embeddings, projections, feed-forward and LayerNorms, as
+        (1, T, H) from the embeddings to the last layer; padding comes back once, at the output. Reads nothing on the
+        host (the layout's sizes are known).
+
+        Returns:
+            `(last_hidden_state (B, L, H), layer_inputs)`: zeros at padding; `layer_inputs` padded likewise.
+        """
+        batch_size, seq_len = unpadded.input_shape
+        if position_ids is None:
+            position_ids = torch.arange(seq_len, device=unpadded.indices.device)
+        # Ids, token types and positions gathered in one `index_select`; (1, L) token types and positions stand for
+        # every row, as on the padded path.
+        columns = [x for x in (input_ids, token_type_ids, position_ids) if x is not None]
+        ids = unpadded.unpad(torch.stack([x.long().expand(batch_size, seq_len) for x in columns], dim=-1))[0]
+        ids = iter(ids.unbind(-1))  # (T,) each
+        embedding_output = self.embeddings(
+            input_ids=None if input_ids is None else next(ids)[None],
+            token_type_ids=None if token_type_ids is None else next(ids)[None],
+            position_ids=next(ids)[None],
+            inputs_embeds=None if inputs_embeds is None else unpadded.unpad(inputs_embeds),
+        )  # (1, T, H)
+        mask = None  # variable-length attention reads `unpadded.cu_seqlens`
+        if not unpadded.varlen:
             num_sequences, max_length = unpadded.attention_mask.shape
             layout = embedding_output.new_zeros(()).expand(num_sequences, max_length, 1)  # the attention layout
             mask = create_bidirectional_mask(
@@ -1060,36 +1032,10 @@ class SeqBertModel(SeqBertPreTrainedModel):
                     create_bidirectional_mask, layout, config=self.config, attention_mask=unpadded.attention_mask
                 )
             )
-            sequence_output = unpadded.pad(
-                self.encoder(embedding_output, mask, layer_inputs, unpadded=unpadded, **kwargs)
-            )
-            if layer_inputs:
-                layer_inputs = [unpadded.pad(x) for x in layer_inputs]
-        pooled_output = self.pooler(sequence_output) if self.pooler is not None else None  # (B, H)
-        stacked = torch.stack(layer_inputs[: self.config.num_decoder_layers], dim=1) if layer_inputs else None
-        return SeqBertModelOutput(last_hidden_state=sequence_output, pooler_output=pooled_output, layer_inputs=stacked)
-
-    def _unpadded_batch(
-        self, attention_mask: torch.Tensor | None, sequence_ids: torch.Tensor | None, kwargs: dict
-    ) -> UnpaddedBatch | None:
-        """The real tokens' layout when the unpadded fast path applies: sdpa attention, eager execution, a (B, L)
-        mask with some padding (and some real tokens) or packed rows, and no per-layer outputs requested (those are recorded in the
-        padded layout). Else None: the padded path, which `attn_implementation="eager"` always takes as the
-        readable reference, and which `torch.compile` / `torch.export` trace (it has no data-dependent shapes)."""
-        if self.config._attn_implementation != "sdpa" or not eager_execution():
-            return None
-        if attention_mask is not None and attention_mask.dim() != 2:
-            return None
-        for name in ("output_hidden_states", "output_attentions"):
-            if kwargs.get(name, getattr(self.config, name, False)):
-                return None
-        if attention_mask is not None:
-            real = int(attention_mask.count_nonzero())  # one host sync
-            if real == 0 or (real == attention_mask.numel() and sequence_ids is None):
-                return None  # nothing to keep, or nothing to drop
-        elif sequence_ids is None:
-            return None
-        return UnpaddedBatch.from_mask(attention_mask, sequence_ids)
+        sequence_output = unpadded.pad(self.encoder(embedding_output, mask, layer_inputs, unpadded=unpadded, **kwargs))
+        if layer_inputs:
+            layer_inputs = [unpadded.pad(x) for x in layer_inputs]
+        return sequence_output, layer_inputs
 
 
 # ----------------------------------------------------------------------------------------------------------------------

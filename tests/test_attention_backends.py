@@ -1,5 +1,5 @@
 """bf16 training on CPU (`Trainer --bf16 --use_cpu`, i.e. `torch.autocast("cpu", dtype=torch.bfloat16)`): the
-attention `cpu_training_attention.sdpa_attention_forward` writes out for short keys computes what the readable
+attention `attention_backends.sdpa_attention_forward` writes out for short keys computes what the readable
 reference, `attn_implementation="eager"`, computes under the same autocast, on the real MiniLM weights and real
 text; everywhere else it is torch's sdpa, untouched."""
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import seqbert
-from seqbert import cpu_training_attention
+from seqbert import attention_backends
 
 
 def _classifier(minilm_path, attn_implementation: str, attention_dropout: float = 0.0):
@@ -46,7 +46,7 @@ def sdpa_calls(monkeypatch) -> list:
 def test_bf16_training_step_equals_the_eager_reference(minilm_path, tokenizer, rt_texts, sdpa_calls, attention_dropout):
     batch = dict(tokenizer(rt_texts[:16], padding=True, return_tensors="pt"))
     batch["labels"] = torch.arange(16) % 2
-    assert batch["input_ids"].shape[1] <= cpu_training_attention.MAX_KEYS_WRITTEN_OUT
+    assert batch["input_ids"].shape[1] <= attention_backends.MAX_KEYS_WRITTEN_OUT
     eager_loss, eager_grads = _step(_classifier(minilm_path, "eager", attention_dropout), batch, bf16=True)
     loss, grads = _step(_classifier(minilm_path, "sdpa", attention_dropout), batch, bf16=True)
     assert not sdpa_calls  # the written-out product, not torch's kernel
@@ -68,6 +68,6 @@ def test_sdpa_kernel_everywhere_else(minilm_path, tokenizer, rt_texts, sdpa_call
     assert sdpa_calls == [torch.float32] * num_layers
     sdpa_calls.clear()
     long_batch = dict(tokenizer([" ".join(rt_texts[:12])] * 2, truncation=True, max_length=160, return_tensors="pt"))
-    assert long_batch["input_ids"].shape[1] > cpu_training_attention.MAX_KEYS_WRITTEN_OUT
+    assert long_batch["input_ids"].shape[1] > attention_backends.MAX_KEYS_WRITTEN_OUT
     _step(model, long_batch | {"labels": torch.tensor([0, 1])}, bf16=True)  # long keys: the flash kernel is faster
     assert sdpa_calls == [torch.bfloat16] * num_layers
