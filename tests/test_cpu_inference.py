@@ -40,7 +40,10 @@ def test_fp32_optimized_model_computes_bert_on_real_text(minilm_path, tokenizer,
         got = fast(**batch).last_hidden_state
         assert 0 < (got - expected)[real].abs().max() <= 1e-5
         assert (got[~real] == 0).all()
-        assert (model(**batch).last_hidden_state - expected)[real].abs().max() == 0  # the default stays exact
+        # The default (sdpa, unpadded) runs its products over the T real rows instead of B x L, and a BLAS may split
+        # a sum differently for another row count: 0.0 on AMD Zen 4, 2.7e-6 on the 7 snippets with 2 threads of an
+        # Intel Xeon with AMX (2026-11-26). Within the parity contract (test_bert_parity holds eager to BERT's eager).
+        assert (model(**batch).last_hidden_state - expected)[real].abs().max() <= 1e-5
 
 
 @torch.inference_mode()
