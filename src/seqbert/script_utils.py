@@ -14,9 +14,8 @@ import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-import datasets
 import torch
 import transformers
 from transformers import AutoConfig, AutoTokenizer, HfArgumentParser, PretrainedConfig, TrainingArguments
@@ -27,6 +26,10 @@ from transformers.training_args import ParallelMode
 from .hub import write_model_card
 from .plots import save_loss_curve
 from .training import STAGING_DIR
+
+
+if TYPE_CHECKING:  # imported where used: the GPU benchmark parses its arguments here on machines without datasets
+    import datasets
 
 
 logger = logging.getLogger(__name__)
@@ -203,6 +206,8 @@ def setup_logging(training_args: TrainingArguments, logger: logging.Logger) -> N
     log_level = training_args.get_process_log_level()
     logger.setLevel(log_level)
     logging.getLogger(__name__).setLevel(log_level)
+    import datasets
+
     datasets.utils.logging.set_verbosity(log_level)
     transformers.utils.logging.set_verbosity(log_level)
     transformers.utils.logging.enable_default_handler()
@@ -565,7 +570,7 @@ class DataSourceArguments:
                 raise ValueError(f"{name} ({value}) must be >= 1 (to skip a stage, use {stages} False)")
 
 
-def load_data_files(files: dict[str, str], cache_dir: str | None = None) -> datasets.DatasetDict:
+def load_data_files(files: dict[str, str], cache_dir: str | None = None) -> "datasets.DatasetDict":
     """
     Splits from local files (`{"train": path, ...}`, each given as the argument `{split}_file`), each read with
     `datasets.load_dataset` and the loader of its type (`DATA_FILE_LOADERS`: csv, json / jsonl, txt).
@@ -574,6 +579,8 @@ def load_data_files(files: dict[str, str], cache_dir: str | None = None) -> data
         ScriptInputError: `datasets` cannot read a file, or reads no example from it (e.g. a csv file with only a
             header row, a jsonl file of blank lines); the message names the argument, the path and the reason.
     """
+    import datasets
+
     raw = datasets.DatasetDict()
     for split, path in files.items():
         loader = DATA_FILE_LOADERS[path.rsplit(".", 1)[-1]]
@@ -595,7 +602,7 @@ def load_data_files(files: dict[str, str], cache_dir: str | None = None) -> data
     return raw
 
 
-def check_splits(raw: datasets.DatasetDict, required: dict[str, str]) -> None:
+def check_splits(raw: "datasets.DatasetDict", required: dict[str, str]) -> None:
     """
     Check that `raw` has each split of `required` (`{split: the argument that needs it}`, e.g.
     `{"train": "do_train"}`) and that none of them is empty.
@@ -614,7 +621,7 @@ def check_splits(raw: datasets.DatasetDict, required: dict[str, str]) -> None:
             raise ScriptInputError(f"the {split} split of the data has no rows, but {needed_by} (True) needs some")
 
 
-def check_columns(raw: datasets.DatasetDict, columns: dict[str, str]) -> None:
+def check_columns(raw: "datasets.DatasetDict", columns: dict[str, str]) -> None:
     """
     Check that every split of `raw` has each column of `columns` (`{argument: column}`, e.g.
     `{"text_column": "text"}`).
