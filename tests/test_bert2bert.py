@@ -180,7 +180,10 @@ def test_each_decoder_layer_cross_attends_to_the_encoder_states_its_config_names
     real = source_batch.attention_mask.bool()
     for (i, projection), states in seen.items():
         reference = expected[i] if source == "same_layer" else expected[-1]
-        torch.testing.assert_close(states[real], reference[real], rtol=0, atol=2e-6, msg=f"layer {i} {projection}")
+        # The parity contract, 1e-5: the encoder's products run over the real tokens only, and a BLAS may sum them
+        # in another order than over BERT's padded batch (4.0e-6 on a 2-thread Intel Xeon with AMX; 2e-6 held on Zen 4).
+        delta = (states[real] - reference[real]).abs().max().item()
+        assert delta <= 1e-5, (i, projection, delta)
     assert len(seen) == 2 * model.config.num_decoder_layers
 
 

@@ -232,7 +232,10 @@ def test_the_main_job_runs_on_the_gpu(bert_folder, tmp_path):
     assert "eval_accuracy" in (tmp_path / "rt" / "all_results.json").read_text()
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason=f"torchrun over several GPUs needs 2 or more ({torch.cuda.device_count()} present)")
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2,
+    reason=f"torchrun over several GPUs needs 2 or more ({torch.cuda.device_count()} present)",
+)
 def test_torchrun_on_every_gpu(bert_folder, tmp_path):
     """The main job under `torchrun`, one process per GPU (Trainer's DDP over NCCL)."""
     pytest.importorskip("datasets", reason="run_classification.py needs `datasets` (pip install datasets)")
