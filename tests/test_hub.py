@@ -250,6 +250,7 @@ def test_classification_card_metadata_and_text_come_from_the_run(classification_
         "AutoModelForSequenceClassification.from_pretrained(repo_id, revision=revision, trust_remote_code=True)" in text
     )
     assert "run_classification.py --output_dir" in text and "5e-05" in text
+    assert "## Serving without seqbert" not in text  # only a folder with serving files (push --serving_artifacts)
     assert "2 cores" in text or "GPU" in text
 
 

@@ -6,7 +6,9 @@ unless it is cached). There, on real MiniLM weights and real Rotten Tomatoes sni
 optimum's OpenVINO exporter is imported; `SentenceTransformer(folder, backend="openvino")` exports through
 `OVModelForFeatureExtraction` and gives SeqBERT's hidden states and embeddings, and its int8 helper keeps their
 direction; `OVModelForSequenceClassification` gives a tiny pre-LN model's logits; a task the folder's head cannot serve
-stops in one line. Here, where optimum is not installed: the task check, and that the registration costs nothing.
+stops in one line; and a folder with the serving files `push_to_hub.py --serving_artifacts` writes loads its
+`openvino/` files in `OVModelForFeatureExtraction` without exporting, in a process that cannot import seqbert. Here,
+where optimum is not installed: the task check, and that the registration costs nothing.
 """
 
 import importlib.util
@@ -136,6 +138,21 @@ def test_pre_ln_sequence_classification(results):
     assert tiny["input_names"] == ["input_ids", "attention_mask", "token_type_ids"]
     assert tiny["reference_max_abs"]["logits"] > 0
     assert tiny["max_abs_delta"]["logits"] <= check_optimum.FP32_TOLERANCE
+
+
+def test_serving_files_load_in_optimum_without_seqbert(results):
+    # What a Hub user with only the folder runs: OVModelForFeatureExtraction.from_pretrained(folder,
+    # subfolder="openvino", trust_remote_code=True), no export=True, in a process without seqbert on its path.
+    served = results["minilm/openvino-files-without-seqbert"]
+    assert served["import seqbert"] == "No module named 'seqbert'"
+    assert served["seqbert_spec"] == "None"
+    assert served["seqbert_modules"] == []
+    assert served["config_module"] == "transformers_modules"  # the folder's own configuration code
+    assert served["loaded_from"] == "openvino"  # the folder's files, not an export
+    assert served["input_names"] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert served["precision"] == "f32"
+    assert served["reference_max_abs"]["last_hidden_state"] > 1
+    assert served["max_abs_delta"]["last_hidden_state"] <= check_optimum.FP32_TOLERANCE
 
 
 def test_optimum_refuses_a_task_the_head_cannot_serve(results):

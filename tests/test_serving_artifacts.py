@@ -210,6 +210,17 @@ def test_push_writes_the_serving_files_and_uploads_them(pushed, capsys):
     assert not any(path.startswith(".cache") for path in upload["files"])
 
 
+def test_the_pushed_card_says_what_loads_the_serving_files_without_seqbert(pushed):
+    _, _, hub = pushed
+    _, card = hub.commits  # the card rendered after the files were written
+    text = card["contents"]["README.md"].decode()
+    assert "## Serving without seqbert" in text
+    assert f"- `{ONNX_PATH}`, `{ONNX_INT8_PATH}`: ONNX Runtime, and text-embeddings-inference" in text
+    assert f"- `{OPENVINO_PATH}` (weights in the `.bin` beside it): OpenVINO" in text
+    assert 'from_pretrained(repo_id, subfolder="openvino", trust_remote_code=True)' in text
+    assert "`export=True`, sentence-transformers' `backend=\"openvino\"` exporting, and CTranslate2's converter" in text
+
+
 @torch.inference_mode()
 def test_pre_ln_classifier_logits_in_onnxruntime_and_openvino(pushed, real_batch):
     folder, model, _ = pushed

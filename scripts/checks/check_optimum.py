@@ -3,8 +3,9 @@
 sentence-transformers' OpenVINO backend, in a cached virtual environment of their own: optimum-intel 2.2.0 needs
 transformers < 5.6, older than the one SeqBERT is developed with. The default run exports 15 models and calibrates
 the int8 model on 300 snippets; `--quick` runs the subset tests/test_optimum_export.py runs (3 exports, 32 calibration
-snippets). The default run takes about 2 minutes on 2 CPU cores once the environment is cached; the first run builds
-it, downloading about 1 GB (its disk size besides the shared torch one).
+snippets); both load one folder's serving files without seqbert. The default run takes about 2.5 minutes on 2 CPU
+cores once the environment is cached; the first run builds it, downloading about 1 GB (its disk size besides the
+shared torch one).
 
     python scripts/checks/check_optimum.py                 # every task, MiniLM and tiny pre-/post-LN models
     python scripts/checks/check_optimum.py --quick         # MiniLM through sentence-transformers, one tiny pre-LN head
@@ -25,6 +26,11 @@ What it checks, on real Rotten Tomatoes snippets (`seqbert.data.load_rotten_toma
   `...QuestionAnswering`, `OVModelForFeatureExtraction`, and `main_export(task="multiple-choice")`) on tiny pre-LN and
   post-LN SeqBERT heads and on MiniLM with a seeded classifier: every output against SeqBERT's (max |delta|).
 - bad input: a task the folder's head cannot serve stops in one line naming the task and what the head serves.
+- a Hub user without seqbert: a MiniLM `SeqBertModel` folder with the serving files `push_to_hub.py --serving_artifacts
+  onnx openvino` writes (`seqbert.serving_artifacts.save_serving_artifacts`, run here), loaded with
+  `OVModelForFeatureExtraction.from_pretrained(folder, subfolder="openvino", trust_remote_code=True)`, without
+  `export=True`, in a second worker process whose path has no seqbert (only the folder's own code, which transformers
+  imports for its config): its `last_hidden_state` against SeqBERT's (fp32 plugin, max |delta|).
 
 The environment lives in `--venv_root` (default `~/.cache/seqbert/venvs`, shared with the other checks' environments,
 whose torch-only environment it reaches through a `.pth` file: check_environments.py builds them) and is reused. seqbert
@@ -33,7 +39,9 @@ in front of them. Prints one line per check and writes the results to `--json_fi
 """
 
 import csv
+import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -44,8 +52,6 @@ from pathlib import Path
 import check_environments
 import torch
 from safetensors.torch import load_file, save_file
-
-from seqbert.optimum_export import SEQBERT_EXPORT_TASKS
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,6 +100,8 @@ SEQBERT_CLASS_FOR_TASK = {
     "question-answering": "SeqBertForQuestionAnswering",
     "multiple-choice": "SeqBertForMultipleChoice",
 }
+# The job kinds `worker_without_seqbert` runs: in a process that cannot import seqbert, as a user with only the folder.
+WITHOUT_SEQBERT = ("openvino_files",)
 
 
 @dataclass
@@ -205,11 +213,34 @@ def prepare_jobs(work: Path, quick: bool) -> list[dict]:
         jobs.append(export_job("tiny-pre-no-segments/feature-extraction", "feature-extraction", **no_segments))
     base_folder = head_folder("tiny-pre-base", "feature-extraction", **TINY, norm_placement="pre")
     jobs.append({"name": "bad-task", "kind": "bad_task", "task": "text-classification", "folder": base_folder})
+    jobs.append(serving_files_job(head_folder("minilm-serving-files", "feature-extraction"), plain_file, work))
     return jobs
+
+
+def serving_files_job(folder: str, inputs: str, work: Path) -> dict:
+    """Write the serving files into `folder` as `push_to_hub.py --serving_artifacts onnx openvino` does before its
+    upload (the model's own task, int8 ONNX included), and SeqBERT's own `last_hidden_state` on `inputs`, computed
+    here; return the job that loads the OpenVINO files without seqbert."""
+    from seqbert.serving_artifacts import save_serving_artifacts
+
+    save_serving_artifacts(folder, task="feature-extraction", engines=("onnx", "openvino"))
+    outputs = _reference("SeqBertModel", folder, load_file(inputs))
+    expected = _save_inputs(
+        {"last_hidden_state": outputs.last_hidden_state}, work / "serving-files-expected.safetensors"
+    )
+    return {
+        "name": "minilm/openvino-files-without-seqbert",
+        "kind": "openvino_files",
+        "folder": folder,
+        "inputs": inputs,
+        "expected": expected,
+    }
 
 
 def failures(results: dict) -> list[str]:
     """The checks among `results` that did not pass, one line each."""
+    from seqbert.optimum_export import SEQBERT_EXPORT_TASKS
+
     failed = []
     for name, result in results.items():
         for output, delta in result.get("max_abs_delta", {}).items():
@@ -221,6 +252,8 @@ def failures(results: dict) -> list[str]:
             failed.append(f"{name}: int8 cosine {result['int8_min_cosine']:.4f}")
         if "error" in result:
             failed.append(f"{name}: {result['error']}")
+        if result.get("loaded_from", "openvino") != "openvino":
+            failed.append(f"{name}: optimum exported the model instead of loading the folder's openvino/ files")
     if results["registration"]["openvino_tasks"] != sorted(SEQBERT_EXPORT_TASKS):
         failed.append(f"registration: the OpenVINO exporter has {results['registration']['openvino_tasks']}")
     if results["registration"]["optimum imported before registration was asked for"]:
@@ -229,14 +262,28 @@ def failures(results: dict) -> list[str]:
 
 
 def check(root: Path, work: Path, quick: bool = False, pip_args: str = "") -> dict:
-    """Build (or reuse) the environment, prepare the jobs under `work`, run them there; return the results."""
+    """Build (or reuse) the environment, prepare the jobs under `work`, run them there; return the results.
+
+    Two worker processes: `worker` with this checkout's `src/` on its path, and `worker_without_seqbert` (the jobs of
+    `WITHOUT_SEQBERT`) with only this module's folder, so that seqbert cannot be imported there (the environment does
+    not install it)."""
     python = check_environments.python_of(optimum_environment(root, pip_args))
     env = {"HF_DATASETS_OFFLINE": "1", "HF_DATASETS_CACHE": str(work / "datasets-cache")}
-    pythonpath = [ROOT / "src", Path(__file__).resolve().parent]  # this checkout's seqbert, and this module
+    checks = Path(__file__).resolve().parent  # this module
     jobs = prepare_jobs(work, quick)
-    return check_environments.run_worker(
-        python, "check_optimum:worker", jobs, work, "optimum", env=env, pythonpath=pythonpath, check=True
-    ).results
+    without_seqbert = [job for job in jobs if job["kind"] in WITHOUT_SEQBERT]
+    runs = (  # (files' stem, worker, its PYTHONPATH, its jobs)
+        ("optimum", "worker", [ROOT / "src", checks], [job for job in jobs if job not in without_seqbert]),
+        ("without-seqbert", "worker_without_seqbert", [checks], without_seqbert),
+    )
+    results = {}
+    for name, function, pythonpath, run_jobs in runs:
+        target = f"check_optimum:{function}"
+        run = check_environments.run_worker(
+            python, target, run_jobs, work, name, env=env, pythonpath=pythonpath, check=True
+        )
+        results.update(run.results)
+    return results
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -271,12 +318,24 @@ def worker(jobs_file: str, results_file: str) -> None:
 
     before = "optimum.exporters.openvino.model_configs" in sys.modules
     register_optimum_export_configs_on_import()
+    _run_jobs(jobs_file, results_file, {"optimum imported before registration was asked for": before})
+
+
+def worker_without_seqbert(jobs_file: str, results_file: str) -> None:
+    """Run the jobs of `jobs_file` (kinds of `WITHOUT_SEQBERT`) in a process without seqbert on its path, as a user who
+    has only the Hub folder, and write their results to `results_file`."""
+    _run_jobs(jobs_file, results_file)
+
+
+def _run_jobs(jobs_file: str, results_file: str, registration: dict | None = None) -> None:
+    """Each job of `jobs_file` by its kind (`JOB_KINDS`), `registration` added to the registration job's result; the
+    results to `results_file`."""
     results = {}
     for job in json.loads(Path(jobs_file).read_text()):
         kind, name = job.pop("kind"), job.pop("name")
         results[name] = JOB_KINDS[kind](**job)
         if kind == "registration":
-            results[name]["optimum imported before registration was asked for"] = before
+            results[name].update(registration or {})
     Path(results_file).write_text(json.dumps(results))
 
 
@@ -417,11 +476,43 @@ def _sentence_transformers(folder: str, inputs: str, texts: list[str], calibrati
     }
 
 
+def _openvino_files(folder: str, inputs: str, expected: str) -> dict:
+    """`OVModelForFeatureExtraction` loading the folder's `openvino/openvino_model.xml` as it is (no `export=True`) in
+    this process, which must not be able to import seqbert; its `last_hidden_state` (fp32 plugin) against SeqBERT's,
+    from `expected`. transformers reads the config through the folder's own code (`trust_remote_code=True`)."""
+    from optimum.intel import OVModelForFeatureExtraction
+
+    try:
+        import seqbert
+    except ImportError as error:
+        import_error = str(error)
+    else:
+        return {"error": f"seqbert can be imported in this worker (from {seqbert.__file__}): the check needs it absent"}
+    fp32 = {"INFERENCE_PRECISION_HINT": "f32"}
+    model = OVModelForFeatureExtraction.from_pretrained(
+        folder, subfolder="openvino", trust_remote_code=True, ov_config=fp32
+    )
+    got = model(**{k: v for k, v in load_file(inputs).items() if k in model.input_names})
+    save_dir = model.model_save_dir  # a TemporaryDirectory after an export
+    save_dir = save_dir.name if isinstance(save_dir, tempfile.TemporaryDirectory) else save_dir
+    return {
+        "import seqbert": import_error,
+        "seqbert_spec": repr(importlib.util.find_spec("seqbert")),
+        "seqbert_modules": sorted(name for name in sys.modules if name.partition(".")[0] == "seqbert"),
+        "config_module": type(model.config).__module__.partition(".")[0],
+        "loaded_from": os.path.relpath(save_dir, folder),
+        "input_names": list(model.input_names),
+        "precision": model.request.get_property("INFERENCE_PRECISION_HINT").get_type_name(),
+        **_compare(got, load_file(expected), ["last_hidden_state"]),
+    }
+
+
 JOB_KINDS = {
     "registration": _registration,
     "export": _export,
     "bad_task": _bad_task,
     "sentence_transformers": _sentence_transformers,
+    "openvino_files": _openvino_files,
 }
 
 

@@ -31,6 +31,7 @@ from transformers.dynamic_module_utils import get_relative_imports
 
 from .configuration_seqbert import MIN_TRANSFORMERS_VERSION
 from .convert_bert import safetensors_file_problem
+from .serving_artifacts import ONNX_INT8_PATH, ONNX_OPTIMIZED_PATH, ONNX_PATH, OPENVINO_PATH
 
 
 RUN_INFO_NAME = "seqbert_run.json"
@@ -269,6 +270,16 @@ def count_parameters(model_dir) -> tuple[int, str]:
     return total, ", ".join(sorted(dtype_names.get(d, d) for d in dtypes))
 
 
+def _serving_files(model_dir) -> dict[str, list[str]]:
+    """The serving files `seqbert.serving_artifacts.save_serving_artifacts` wrote into `model_dir` (what
+    `push_to_hub.py --serving_artifacts` adds), by engine: `{"onnx": [...], "openvino": [...]}`, paths relative to the
+    folder, each engine's main file first; engines without files are left out."""
+    model_dir = Path(model_dir)
+    engines = {"onnx": (ONNX_PATH, ONNX_INT8_PATH, ONNX_OPTIMIZED_PATH), "openvino": (OPENVINO_PATH,)}
+    found = {engine: [path for path in paths if (model_dir / path).is_file()] for engine, paths in engines.items()}
+    return {engine: paths for engine, paths in found.items() if paths}
+
+
 def _human_count(n: int) -> str:
     return f"{n / 1e6:.1f} M ({n:,})" if n >= 1e6 else f"{n:,}"
 
@@ -279,7 +290,8 @@ def render_model_card(model_dir, repo_id: str | None = None, revision: str | Non
 
     Args:
         model_dir (`str` or `os.PathLike`): folder with `config.json`, safetensors weights and `seqbert_run.json`
-            (written by `write_model_card`).
+            (written by `write_model_card`); the card lists the serving files in its `onnx/` and `openvino/`, if any
+            (`push_to_hub.py --serving_artifacts` writes them before it renders the card).
         repo_id (`str`, *optional*): the Hub repository, for the loading snippet (default: a `USER/NAME` placeholder).
         revision (`str`, *optional*): the commit sha the loading snippet pins (default: a placeholder).
 
@@ -374,6 +386,7 @@ def render_model_card(model_dir, repo_id: str | None = None, revision: str | Non
         repo_id=repo_id or "USER/NAME",
         revision=revision,
         usage=usage,
+        serving_files=_serving_files(model_dir),
         limitations=run.get("limitations", []),
     )
 
