@@ -302,3 +302,31 @@ def test_padding_free_batches_pack_whole_verses_and_train_like_padded_ones(mlm_r
     assert metrics["eval_samples"] == 12 and math.isfinite(metrics["eval_perplexity"])  # one sample a verse
     card = ModelCard.load(tmp_path / "run" / "README.md")
     assert "packed into one row without padding" in card.text
+
+
+@pytest.mark.parametrize("source", ["command line", "json file"])
+def test_continued_pretraining_takes_its_own_recipe_and_explicit_options_win(source, tmp_path, monkeypatch):
+    """With --model_name_or_path the defaults are run_mlm.CONTINUED_PRETRAINING (a learning rate for a pretrained
+    model, BERT's masking), from scratch they stay the from-scratch recipe; an option given explicitly wins."""
+
+    def parsed(arguments: dict) -> tuple:
+        if source == "command line":
+            return run_mlm.parse_and_check([f"--{k}={v}" for k, v in arguments.items()])[:3]
+        path = tmp_path / "args.json"
+        path.write_text(json.dumps(arguments))
+        monkeypatch.setattr("sys.argv", ["run_mlm.py", str(path)])
+        return run_mlm.parse_and_check(None)[:3]
+
+    def recipe(model_args, data_args, training_args) -> dict:
+        return {
+            "learning_rate": training_args.learning_rate,
+            "mlm_probability": data_args.mlm_probability,
+            "max_steps": training_args.max_steps,
+            "eval_steps": training_args.eval_steps,
+        }
+
+    checkpoint = {"model_name_or_path": str(minilm_checkpoint_path()), "output_dir": str(tmp_path / "continued")}
+    assert recipe(*parsed(checkpoint)) == run_mlm.CONTINUED_PRETRAINING
+    assert recipe(*parsed({**checkpoint, "learning_rate": 2e-3}))["learning_rate"] == 2e-3
+    scratch = recipe(*parsed({"output_dir": str(tmp_path / "scratch")}))
+    assert scratch == {"learning_rate": 2e-3, "mlm_probability": 0.3, "max_steps": 6000, "eval_steps": 1000}

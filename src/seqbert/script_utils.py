@@ -107,10 +107,11 @@ def script_parser(dataclass_types, docstring: str) -> HfArgumentParser:
     )
 
 
-def parse_arguments(parser: HfArgumentParser, argv: list[str] | None) -> tuple:
+def parse_arguments(parser: HfArgumentParser, argv: list[str] | None, defaults: dict | None = None) -> tuple:
     """
     The dataclasses of `parser`, from `argv` (else the command line; a single `.json` command-line argument is read
-    with `parser.parse_json_file`).
+    with `parser.parse_json_file`). `defaults` (field name -> value) replace the dataclasses' defaults, for a
+    command line (argparse's `set_defaults`) and a JSON file (its values win) alike.
 
     Raises:
         ScriptInputError: a dataclass rejected a value (the scripts' `__post_init__` checks, `TrainingArguments`'),
@@ -119,7 +120,9 @@ def parse_arguments(parser: HfArgumentParser, argv: list[str] | None) -> tuple:
     """
     try:
         if argv is None and len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
-            return parser.parse_json_file(json_file=os.path.abspath(sys.argv[1]))
+            with open(os.path.abspath(sys.argv[1]), encoding="utf-8") as file:
+                return parser.parse_dict({**(defaults or {}), **json.load(file)})
+        parser.set_defaults(**(defaults or {}))
         *parsed, remaining = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     except ScriptInputError:
         raise
