@@ -1,5 +1,6 @@
 """Shared fixtures: tiny configs for every variant, and the real offline weights and text of ../shared/DATA.md."""
 
+import copy
 import functools
 import itertools
 import json
@@ -197,6 +198,22 @@ def random_inputs(config, batch=BATCH, length=LENGTH, seed=0, pad_rows=True):
         input_ids = input_ids.masked_fill(attention_mask == 0, config.pad_token_id)
     token_type_ids = torch.randint(0, max(config.type_vocab_size, 1), (batch, length), generator=g)
     return dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids * attention_mask)
+
+
+def sdpa_and_eager_pair(config, model_class=seqbert.SeqBertModel):
+    """The same seeded weights twice, in eval mode: sdpa (the unpadded fast path) and eager (the padded reference)."""
+    torch.manual_seed(0)
+    fast = model_class._from_config(copy.deepcopy(config), attn_implementation="sdpa").eval()
+    reference = model_class._from_config(copy.deepcopy(config), attn_implementation="eager").eval()
+    assert fast.config._attn_implementation == "sdpa" and reference.config._attn_implementation == "eager"
+    reference.load_state_dict(fast.state_dict())
+    return fast, reference
+
+
+def unpadded_layout(model, inputs: dict, **kwargs):
+    """The `UnpaddedBatch` that `model`'s forward would take on `inputs` (`input_ids`, `attention_mask`; per-layer
+    output requests in `kwargs`), or None for the padded path."""
+    return model._unpadded_batch(inputs["input_ids"], None, inputs["attention_mask"], None, [], kwargs)[0]
 
 
 def bert_base_width_config(**kwargs) -> BertConfig:

@@ -22,7 +22,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import SCRIPT_PATHS, bert_base_width_config
+from conftest import SCRIPT_PATHS, bert_base_width_config, unpadded_layout
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import BertForMaskedLM, BertModel, DataCollatorWithFlattening
 
@@ -118,17 +118,13 @@ def test_each_attention_kernel_matches_the_math_kernel(bert_folder, batch):
         assert _max_delta(got, expected, mask) <= bound, (name, _max_delta(got, expected, mask), bound)
 
 
-def _layout(model, batch):
-    return model._unpadded_batch(batch["input_ids"], None, batch["attention_mask"], None, [], {})[0]
-
-
 def test_half_precision_takes_the_variable_length_kernel_with_one_sync(bert_folder, batch):
     pytest.importorskip("torch.nn.attention.varlen", reason="torch's variable-length attention needs torch >= 2.10")
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("flash-attention needs compute capability 8.0 or newer")
     model = seqbert.SeqBertModel.from_bert_pretrained(bert_folder, dtype=torch.bfloat16).cuda().eval()
-    assert _layout(model, batch).varlen
-    assert not _layout(model.float(), batch).varlen  # fp32: per-sequence layout for sdpa
+    assert unpadded_layout(model, batch).varlen
+    assert not unpadded_layout(model.float(), batch).varlen  # fp32: per-sequence layout for sdpa
     model = model.to(torch.bfloat16)
     with torch.no_grad():
         model(**batch)  # warm-up: first calls may sync for other reasons (allocations, kernel choice)

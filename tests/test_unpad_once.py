@@ -13,10 +13,9 @@ variable-length attention path, on CPU.
   most one host sync per forward (every host read breaks a graph), checked without a GPU.
 """
 
-import copy
-
 import pytest
 import torch
+from conftest import sdpa_and_eager_pair, unpadded_layout
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -144,14 +143,6 @@ def varlen(monkeypatch) -> VarlenDouble:
     return double
 
 
-def _pair(config, model_class=seqbert.SeqBertModel):
-    torch.manual_seed(0)
-    fast = model_class._from_config(copy.deepcopy(config), attn_implementation="sdpa").eval()
-    reference = model_class._from_config(copy.deepcopy(config), attn_implementation="eager").eval()
-    reference.load_state_dict(fast.state_dict())
-    return fast, reference
-
-
 @pytest.mark.parametrize("norm_placement", ["pre", "post"])
 @pytest.mark.parametrize("position_embedding_type", ["learned", "sinusoidal"])
 def test_varlen_path_gives_the_eager_reference_on_padded_batches(varlen, norm_placement, position_embedding_type):
@@ -165,7 +156,7 @@ def test_varlen_path_gives_the_eager_reference_on_padded_batches(varlen, norm_pl
         norm_placement=norm_placement,
         position_embedding_type=position_embedding_type,
     )
-    fast, reference = _pair(config)
+    fast, reference = sdpa_and_eager_pair(config)
     generator = torch.Generator().manual_seed(0)
     mask = torch.tensor([[1] * 9, [1] * 4 + [0] * 5, [0] * 9, [0] * 3 + [1] * 6])  # right, fully and left padded
     inputs = {
@@ -173,7 +164,7 @@ def test_varlen_path_gives_the_eager_reference_on_padded_batches(varlen, norm_pl
         "attention_mask": mask,
         "token_type_ids": torch.randint(0, 2, mask.shape, generator=generator),
     }
-    assert fast._unpadded_batch(inputs["input_ids"], None, mask, None, [], {})[0].varlen
+    assert unpadded_layout(fast, inputs).varlen
     with torch.no_grad():
         got, expected = fast(**inputs), reference(**inputs)
     real = mask.bool()
@@ -206,7 +197,7 @@ def test_varlen_path_trains_like_the_reference(varlen):
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )
-    fast, reference = _pair(config, seqbert.SeqBertForSequenceClassification)
+    fast, reference = sdpa_and_eager_pair(config, seqbert.SeqBertForSequenceClassification)
     mask = torch.tensor([[1] * 7 + [0] * 3, [1] * 10, [1] * 2 + [0] * 8])
     inputs = {"input_ids": torch.randint(1, 60, mask.shape, generator=torch.Generator().manual_seed(1))}
     for model in (fast, reference):

@@ -2,10 +2,9 @@
 LayerNorms) against the padded eager reference, on random tiny configs and random padding (hypothesis), on real
 weights and text, in training, and under torch.compile."""
 
-import copy
-
 import pytest
 import torch
+from conftest import sdpa_and_eager_pair, unpadded_layout
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import BertModel
@@ -15,21 +14,6 @@ from seqbert.modeling_seqbert import UnpaddedBatch
 
 
 TOLERANCE = 1e-5
-
-
-def _pair(config, model_class=seqbert.SeqBertModel):
-    """The same weights twice: sdpa (unpadded fast path) and eager (the padded reference)."""
-    torch.manual_seed(0)
-    fast = model_class._from_config(copy.deepcopy(config), attn_implementation="sdpa").eval()
-    reference = model_class._from_config(copy.deepcopy(config), attn_implementation="eager").eval()
-    assert fast.config._attn_implementation == "sdpa" and reference.config._attn_implementation == "eager"
-    reference.load_state_dict(fast.state_dict())
-    return fast, reference
-
-
-def _layout(model, inputs: dict, **kwargs) -> UnpaddedBatch | None:
-    """The unpadded layout `model`'s forward would take on `inputs` (None: the padded path)."""
-    return model._unpadded_batch(inputs["input_ids"], None, inputs["attention_mask"], None, [], kwargs)[0]
 
 
 @st.composite
@@ -66,9 +50,9 @@ def padded_batches(draw):
 @given(padded_batches())
 def test_unpadded_equals_padded_reference_on_real_tokens(batch):
     config, inputs = batch
-    fast, reference = _pair(config)
+    fast, reference = sdpa_and_eager_pair(config)
     mask = inputs["attention_mask"].bool()
-    assert _layout(fast, inputs) is not None or bool(mask.all())
+    assert unpadded_layout(fast, inputs) is not None or bool(mask.all())
     with torch.no_grad():
         out, ref = fast(**inputs), reference(**inputs)
     assert (out.last_hidden_state - ref.last_hidden_state)[mask].abs().max().item() <= TOLERANCE
@@ -88,7 +72,7 @@ def test_unpadded_batch_round_trip():
 def test_training_step_unpadded_matches_padded(tiny_batch_config):
     """Loss and every gradient of a classifier agree between the fast and the reference path."""
     config, inputs = tiny_batch_config
-    fast, reference = _pair(config, seqbert.SeqBertForSequenceClassification)
+    fast, reference = sdpa_and_eager_pair(config, seqbert.SeqBertForSequenceClassification)
     labels = torch.tensor([0, 1, 1])
     losses = []
     for model in (fast, reference):
@@ -126,7 +110,7 @@ def test_real_weights_and_text_match_bert(minilm_path, tokenizer, rt_texts):
     batch = tokenizer(rt_texts[:32], padding=True, return_tensors="pt")
     mask = batch["attention_mask"].bool()
     assert 0.2 < 1 - mask.float().mean().item()  # a real share of padding, so the fast path matters
-    assert _layout(model, batch) is not None
+    assert unpadded_layout(model, batch) is not None
     with torch.no_grad():
         out, ref = model(**batch), reference(**batch)
     assert (out.last_hidden_state - ref.last_hidden_state)[mask].abs().max().item() <= TOLERANCE
@@ -135,8 +119,8 @@ def test_real_weights_and_text_match_bert(minilm_path, tokenizer, rt_texts):
 
 def test_hidden_states_requests_take_the_padded_path(tiny_batch_config):
     config, inputs = tiny_batch_config
-    fast, reference = _pair(config)
-    assert _layout(fast, inputs, output_hidden_states=True) is None
+    fast, reference = sdpa_and_eager_pair(config)
+    assert unpadded_layout(fast, inputs, output_hidden_states=True) is None
     with torch.no_grad():
         out = fast(**inputs, output_hidden_states=True)
         ref = reference(**inputs, output_hidden_states=True)
@@ -147,7 +131,7 @@ def test_hidden_states_requests_take_the_padded_path(tiny_batch_config):
 
 def test_torch_compile_matches_eager(tiny_batch_config):
     config, inputs = tiny_batch_config
-    fast, _ = _pair(config)
+    fast, _ = sdpa_and_eager_pair(config)
     compiled = torch.compile(fast)
     mask = inputs["attention_mask"].bool()
     with torch.no_grad():
