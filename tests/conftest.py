@@ -1,13 +1,26 @@
 """Shared fixtures: tiny configs for every variant, and the real offline weights and text of ../shared/DATA.md."""
 
+import atexit
 import copy
 import functools
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+
+
+# Each parallel worker (pytest-xdist, see `MAX_WORKERS`) keeps the code of the trust_remote_code folders it loads in a
+# dynamic-module cache of its own: transformers names a local folder's module after the folder's name, so two workers
+# loading two folders both called "model" would otherwise write and import the same files at once. Set before
+# transformers is imported, which reads it then.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    _modules_cache = tempfile.mkdtemp(prefix=f"seqbert-tests-modules-{os.environ['PYTEST_XDIST_WORKER']}-")
+    os.environ["HF_MODULES_CACHE"] = _modules_cache
+    atexit.register(shutil.rmtree, _modules_cache, ignore_errors=True)
 
 import pandas as pd
 import pytest
@@ -37,6 +50,51 @@ for _folder in sorted({str(path.parent) for path in SCRIPT_PATHS.values()}):
         sys.path.insert(0, _folder)
 
 import check_transformers_versions  # noqa: E402  (scripts/checks, on sys.path above)
+
+
+# The suite runs in parallel worker processes (pytest-xdist; pyproject.toml's addopts: `-n auto --dist loadscope`, a
+# module's tests in one worker). Workers: the CPU cores this process may use, at most `MAX_WORKERS` (each worker holds
+# its own copy of the session fixtures). Each worker's torch gets its share of the cores, and so do the processes its
+# tests start (OMP_NUM_THREADS), so that the workers never run more threads than there are cores. `-n 0` runs the
+# suite in this one process, on all the cores.
+MAX_WORKERS = 4
+
+
+def available_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    return max(1, min(available_cores(), MAX_WORKERS))
+
+
+# The modules that take longest, longest first (2-core runs of 2026-11-26; from an empty home folder the first three
+# build llama.cpp, optimum-intel's and transformers releases' environments, minutes each). They run first, the rest
+# after them in file order, and each worker takes the next module when it is free (`--dist loadscope
+# --no-loadscope-reorder`), so that no long module starts last and keeps one worker busy after the other is done.
+SLOWEST_MODULES = (
+    "test_llama_cpp.py",
+    "test_pretraining.py",
+    "test_optimum_export.py",
+    "test_transformers_versions.py",
+    "test_script_errors.py",
+    "test_hub.py",
+    "test_resume.py",
+    "test_distributed.py",
+    "test_transformers_common.py",
+    "test_export.py",
+)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    rank = {name: position for position, name in enumerate(SLOWEST_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOWEST_MODULES)))
+
+
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    _threads = max(1, available_cores() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    torch.set_num_threads(_threads)
+    os.environ["OMP_NUM_THREADS"] = str(_threads)
 
 
 # Hypothesis profiles. "ci", the default, is what README's test command runs: derandomized (every run draws the same

@@ -122,14 +122,15 @@ def test_sparse_prediction_gives_the_loss_and_gradients_of_dense_scoring(minilm_
     assert dense_rows == [batch["input_ids"].shape] and sparse_rows == [(int(labelled.sum()),)]
     assert sparse.logits.shape == (int(labelled.sum()), tokenizer.vocab_size)
     assert torch.equal(sparse.logits, dense.logits[labelled])  # each row is computed alike
-    # The loss and the head's weight gradients sum the same terms over the M labelled rows instead of B x L rows (the
-    # others exact zeros), so their sums may round differently; every gradient below the head is identical.
+    # The loss and the gradients sum the same terms over the M labelled rows instead of B x L rows (the others exact
+    # zeros), so their sums may round differently: the head's weight gradients, and the gradient it hands the encoder,
+    # (M, V) @ (V, H) against (B x L, V) @ (V, H), whose rows MKL may split differently by row count and thread count.
+    # On a 2-core Xeon (AVX-512, AMX), 2026-11-26: at 2 threads every gradient below the head came out identical, at
+    # 1 thread (the suite's parallel workers) all 101 differed, by at most 9.5e-7 (token type embeddings).
     torch.testing.assert_close(sparse.loss, dense.loss, rtol=1e-6, atol=0)
     for name, grad in dense_grads.items():
-        if name.startswith("lm_head.") or name == "seqbert.embeddings.word_embeddings.weight":  # tied decoder
-            torch.testing.assert_close(sparse_grads[name], grad, rtol=0, atol=1e-6)
-        else:
-            assert torch.equal(sparse_grads[name], grad), name
+        tolerance = 1e-6 if name.startswith("lm_head.") or name == "seqbert.embeddings.word_embeddings.weight" else 2e-6
+        torch.testing.assert_close(sparse_grads[name], grad, rtol=0, atol=tolerance, msg=lambda m, n=name: f"{n}: {m}")
     # Without labels (the fill-mask pipeline) the logits keep their (B, L, V) shape.
     model = seqbert.SeqBertForMaskedLM.from_bert_pretrained(minilm_path, sparse_prediction=True)
     with torch.no_grad():

@@ -29,6 +29,7 @@ import tempfile
 from pathlib import Path
 
 import transformers
+from filelock import FileLock
 
 
 FILES = ("tests/test_modeling_common.py", "tests/test_configuration_common.py")
@@ -118,9 +119,10 @@ def load():
         RuntimeError: the sdist could not be downloaded, or lacks the files.
     """
     target = cache_folder()
-    if not is_cached():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        _fetch(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(target.parent / f"{target.name}.lock"):  # the suite's parallel workers fetch it once
+        if not is_cached():
+            _fetch(target)
     if str(target) not in sys.path:
         sys.path.insert(0, str(target))
     modeling = importlib.import_module(f"{package_name()}.test_modeling_common")

@@ -101,11 +101,22 @@ def torch_environment(root: Path, pip_args: str = "") -> Path:
     """
     version = torch_version()
     folder = root / f"torch-{version}"
-    if not is_built(root, folder.name):
-        venv.create(folder, with_pip=True, clear=True)
-        run_pip(folder, "install", f"torch=={version}", *shlex.split(pip_args))
-        _mark_built(folder, ())
+    with _building(root, folder.name):
+        if not is_built(root, folder.name):
+            venv.create(folder, with_pip=True, clear=True)
+            run_pip(folder, "install", f"torch=={version}", *shlex.split(pip_args))
+            _mark_built(folder, ())
     return folder
+
+
+def _building(root: Path, name: str):
+    """A lock on the environment `root/name` (`filelock.FileLock` on `root/name.lock`), held while it is checked and
+    built: two processes that need it at once (the test suite's parallel workers, two checks run side by side) build
+    it once, the second waiting for the first, instead of both writing into one folder."""
+    from filelock import FileLock  # not at the top: the workers import this module where it may be absent
+
+    root.mkdir(parents=True, exist_ok=True)
+    return FileLock(root / f"{name}.lock")
 
 
 def cached_environment(
@@ -138,12 +149,13 @@ def cached_environment(
         RuntimeError: an install step failed (the environment stays unmarked and is built afresh next time).
     """
     folder = root / name
-    if not is_built(root, name, built_with):
-        shared = torch_environment(root, pip_args)
-        venv.create(folder, with_pip=True, clear=True)
-        (site_packages(folder) / SHARED_TORCH_PTH).write_text(f"{site_packages(shared)}\n")
-        install(folder)
-        _mark_built(folder, built_with)
+    with _building(root, name):
+        if not is_built(root, name, built_with):
+            shared = torch_environment(root, pip_args)
+            venv.create(folder, with_pip=True, clear=True)
+            (site_packages(folder) / SHARED_TORCH_PTH).write_text(f"{site_packages(shared)}\n")
+            install(folder)
+            _mark_built(folder, built_with)
     return folder
 
 
