@@ -270,6 +270,24 @@ def cpu_isa() -> dict:
     }
 
 
+def cpu_description() -> dict:
+    """lscpu's model name and the flags that decide the engines' kernels (avx512f, avx512_bf16, the amx_* ones), with
+    `cpu_isa` (torch's CPU capability and whether bf16 runs in hardware)."""
+    try:
+        lines = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        lines = []
+    fields = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in lines)}
+    flags = fields.get("Flags", "").split()
+    return {
+        "model_name": fields.get("Model name", "unknown"),
+        "avx512f": "avx512f" in flags,
+        "avx512_bf16": "avx512_bf16" in flags,
+        "amx": [flag for flag in flags if flag.startswith("amx")],
+        **cpu_isa(),
+    }
+
+
 def fastest_other(results: dict, ours: str, engines: tuple[str, ...]) -> dict:
     """How many times faster `ours` is than the fastest of `engines` (those run) that is not seqbert's:
     {engine, ratio}."""

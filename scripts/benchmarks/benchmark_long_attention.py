@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Inductor's CPU attention on long inputs (issue 39): `seqbert.optimize_for_cpu_inference` in bf16 and int8, its
 attention as it ships (torch's CPU flash kernel per length group) and compiled by `torch.compile` in a few ways, each
-against OpenVINO at its default precision, interleaved. About 8 minutes on 2 CPU cores (measured with `--threads 1`).
+against OpenVINO at its default precision, interleaved. About 5 minutes on 2 quiet CPU cores (2026-11-26, 2 threads).
 
     python scripts/benchmarks/benchmark_long_attention.py [--repeats 5] [--threads 2] [--output_file long_attention.json]
 
@@ -40,7 +40,6 @@ a core; on a busy machine compare at `--threads 1`.
 
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -62,7 +61,7 @@ from seqbert.script_utils import ScriptInputError, parse_arguments, run_cli, scr
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchmark  # noqa: E402  (next to this script)
 import benchmark_engines  # noqa: E402
-from interleaved_timing import interleave, timed  # noqa: E402
+from interleaved_timing import interleave, median_and_spread, timed  # noqa: E402
 
 
 MODELS = ("minilm", "bert_base_4_layers")
@@ -243,20 +242,6 @@ def _shallow_module_copy(module: nn.Module) -> nn.Module:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def cpu_description() -> dict:
-    """`lscpu`'s model name and the bf16/AMX flags, with torch's CPU capability."""
-    lines = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout.splitlines()
-    info = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in lines)}
-    flags = set(info.get("Flags", "").split())
-    return {
-        "model_name": info.get("Model name", "?"),
-        "cores": os.cpu_count(),
-        **{flag: flag in flags for flag in ("avx512_bf16", "amx_bf16", "amx_tile", "amx_int8", "avx512_vnni")},
-        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "torch": torch.__version__,
-    }
-
-
 def _max_delta(got: list[torch.Tensor], expected: list[torch.Tensor], batches: list[dict]) -> float:
     """Max |got - expected| over the real tokens of every batch."""
     return max(
@@ -271,6 +256,8 @@ def run_model(name: str, folder: str, batches: list[dict], other: dict, args: Lo
     recompile) and deltas."""
     inputs = [{key: batch[key] for key in benchmark_engines.ONNX_INPUTS} for batch in batches]
     new_length = {key: other[key] for key in benchmark_engines.ONNX_INPUTS}
+    # What the compile times are taken on: the first batch, the other batches (other token counts), a new length.
+    compile_runs = {"first_batch": inputs[:1], "other_batches": inputs[1:], "new_length": [new_length]}
     real_tokens = sum(int(batch["attention_mask"].sum()) for batch in batches)
     bert = BertModel.from_pretrained(folder, add_pooling_layer=False).eval()
     reference = [bert(**batch).last_hidden_state for batch in inputs]
@@ -293,18 +280,10 @@ def run_model(name: str, folder: str, batches: list[dict], other: dict, args: Lo
             contenders[f"seqbert_{chosen}+{variant}"] = with_attention_variant(optimized, AttentionVariant(variant))
         for label, contender in contenders.items():
             if label != f"seqbert_{chosen}":  # compile: the first batch, the other batches, a batch of new length
-                first, *others = inputs
-                compile_seconds[label] = {
-                    "first_batch_first_call_s": timed(lambda contender=contender, first=first: contender(**first)),
-                    "first_batch_warm_call_s": timed(lambda contender=contender, first=first: contender(**first)),
-                    "other_batches_first_call_s": timed(
-                        lambda contender=contender, b=others: [contender(**x) for x in b]
-                    ),
-                    "other_batches_warm_call_s": timed(
-                        lambda contender=contender, b=others: [contender(**x) for x in b]
-                    ),
-                    "new_length_first_call_s": timed(lambda contender=contender: contender(**new_length)),
-                    "new_length_warm_call_s": timed(lambda contender=contender: contender(**new_length)),
+                compile_seconds[label] = {  # each run twice, in this order: first call, then warm call
+                    f"{run}_{call}_call_s": timed(lambda c=contender, b=run_batches: [c(**batch) for batch in b])
+                    for run, run_batches in compile_runs.items()
+                    for call in ("first", "warm")
                 }
             outputs[label] = [contender(**batch).last_hidden_state for batch in inputs]
             workers[label] = lambda contender=contender: [contender(**batch) for batch in inputs]
@@ -318,15 +297,15 @@ def run_model(name: str, folder: str, batches: list[dict], other: dict, args: Lo
     ov = times["openvino_default"]
     rows = {}
     for label, seconds in times.items():
-        median = statistics.median(seconds)
+        summary = median_and_spread(seconds)
+        fastest, slowest = summary["spread_seconds"]
         per_round = [o / s for o, s in zip(ov, seconds, strict=True)]
         rows[label] = {
             "precision": precision[label],
-            "tokens_per_s": real_tokens / median,
-            "tokens_per_s_spread": [real_tokens / max(seconds), real_tokens / min(seconds)],
-            "seconds": median,
-            "spread_seconds": [min(seconds), max(seconds)],
-            "vs_openvino_default": statistics.median(ov) / median,
+            "tokens_per_s": real_tokens / summary["seconds"],
+            "tokens_per_s_spread": [real_tokens / slowest, real_tokens / fastest],
+            **summary,
+            "vs_openvino_default": statistics.median(ov) / summary["seconds"],
             "vs_openvino_default_per_round": [min(per_round), max(per_round)],
             "max_abs_delta_vs_bert_fp32": _max_delta(outputs[label], reference, inputs),
         }
@@ -381,11 +360,10 @@ def main(argv: list[str] | None = None) -> dict:
             "optimize_for_cpu_inference needs torch's oneDNN operators on an x86 CPU with AVX2 or better; this CPU "
             f"reports capability {torch.backends.cpu.get_cpu_capability()!r}"
         )
-    cpu = cpu_description()
+    cpu = {**benchmark.cpu_description(), "cores": os.cpu_count(), "torch": torch.__version__}
     print(
-        f"CPU: {cpu['model_name']}, {cpu['cores']} cores; avx512_bf16 {cpu['avx512_bf16']}, amx_bf16 "
-        f"{cpu['amx_bf16']}, amx_tile {cpu['amx_tile']}, amx_int8 {cpu['amx_int8']}; torch {cpu['torch']}, "
-        f"capability {cpu['torch_cpu_capability']}"
+        f"CPU: {cpu['model_name']}, {cpu['cores']} cores; avx512_bf16 {cpu['avx512_bf16']}, amx flags "
+        f"{' '.join(cpu['amx']) or 'none'}; torch {cpu['torch']}, capability {cpu['torch_cpu_capability']}"
     )
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)

@@ -42,7 +42,6 @@ each route took to build. `--quick` (one batch, one repeat, no long batch) is fo
 
 import datetime
 import importlib.metadata
-import subprocess
 import sys
 import tempfile
 import time
@@ -230,24 +229,6 @@ def time_workload(name: str, batches: list[dict], engines: dict, repeats: int, t
     }
 
 
-def cpu_description() -> dict:
-    """lscpu's model name and the flags that decide the routes' kernels (avx512f, avx512_bf16, the amx_* ones), with
-    `benchmark.cpu_isa()` (torch's CPU capability and whether bf16 runs in hardware)."""
-    try:
-        lines = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout.splitlines()
-    except (OSError, subprocess.CalledProcessError):
-        lines = []
-    fields = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in lines)}
-    flags = fields.get("Flags", "").split()
-    return {
-        "model_name": fields.get("Model name", "unknown"),
-        "avx512f": "avx512f" in flags,
-        "avx512_bf16": "avx512_bf16" in flags,
-        "amx": [flag for flag in flags if flag.startswith("amx")],
-        **benchmark.cpu_isa(),
-    }
-
-
 def main(argv: list[str] | None = None) -> dict:
     (args,) = parse_arguments(script_parser(ServingBenchmarkArguments, __doc__), argv)
     if args.quick:
@@ -258,7 +239,7 @@ def main(argv: list[str] | None = None) -> dict:
         workloads[f"long_{args.long_length}"] = benchmark.long_batches(tokenizer, args.long_length, num_batches=1)
     results = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "cpu": cpu_description(),
+        "cpu": benchmark.cpu_description(),
         "versions": {package: importlib.metadata.version(package) for package in PACKAGES},
         "threads": args.threads,
         "repeats": args.repeats,
