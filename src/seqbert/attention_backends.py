@@ -6,9 +6,10 @@ it implements none of them.
 - `sdpa_attention_forward`: what `attn_implementation="sdpa"` (the default) runs on padded batches, and on the CPU's
   unpadded batches laid out one sequence per row: transformers' own sdpa function, except for mixed-precision training
   on a CPU (below).
-- `varlen_attention_forward`: on a CUDA GPU, in fp16 / bf16 without attention dropout, the unpadded tokens go
-  straight to torch's variable-length flash kernel (`torch.nn.attention.varlen.varlen_attn`, torch >= 2.10) with the
-  batch's `cu_seqlens` and `max_seqlen`: no per-layer layout at all (`varlen_attention_applies` says where).
+- `varlen_attention_forward`: on a CUDA GPU, in fp16 / bf16, the unpadded tokens go straight to torch's
+  variable-length flash-attention kernel with the batch's `cu_seqlens` and `max_seqlen`, attention dropout included
+  (`aten._flash_attention_forward`, the kernel under `torch.nn.attention.varlen.varlen_attn`): no per-layer layout at
+  all, in training as in inference (`varlen_attention_applies` says where; `varlen_attention_fits` checks each call).
 - `UnpaddedBatch`: where the real tokens of a batch sit, computed once per forward with one host read.
 
 **Why the GPU path differs from the CPU's.** A GPU is fed by kernel launches, and every host sync stalls it. Measured
@@ -19,6 +20,17 @@ hidden states stay `(1, T, H)` over the real tokens through every layer, and on 
 directly. This is MosaicBERT's and ModernBERT's design (ModernBERT's `_unpad_modernbert_input` /
 `_pad_modernbert_output`; flash-attn's `bert_padding.py`). On a CPU the per-sequence layout stays: there a gather
 costs little, and torch's CPU attention kernels take a padded grid.
+
+**Dropout inside the kernel.** Fine-tuning BERT draws attention dropout (0.1). torch's public `varlen_attn` has no
+dropout, so the kernel is called through the op beneath it, `torch.ops.aten._flash_attention_forward`, with
+`dropout_p`; its registered derivative (`_flash_attention_backward`, which redraws the same mask from the returned
+random state) gives the gradients. torch's own jagged-tensor sdpa calls it the same way in training
+(`torch/nested/_internal/sdpa.py`); flash-attn's `flash_attn_varlen_func(dropout_p=...)` is the same kernel. It is a
+private op, so its schema is probed at import (`flash_attention_forward` is None where it does not take the positional
+arguments and `scale=` this module passes), and then `varlen_attn` serves inference while training with attention
+dropout lays tokens out per sequence for sdpa. Inference calls the same op with `dropout_p=0.0`: `varlen_attn` wraps
+that very call and adds a `torch.zeros` for its random state, one more launch per layer
+(`scripts/checks/count_launches.py` counts them).
 
 **Mixed-precision training on a CPU.** `torch.nn.functional.scaled_dot_product_attention` on a CPU picks its flash
 kernel for bf16 / fp16 inputs without dropout, and its math kernel with dropout. For the short sequences of
@@ -39,19 +51,60 @@ transformers.
 """
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward as transformers_sdpa_attention_forward
 
-from .input_checks import DeferredCheck, read_on_host
+from .input_checks import DeferredCheck, DeferredReads, read_on_host
 
 
 try:  # torch >= 2.10
     from torch.nn.attention.varlen import varlen_attn
 except ImportError:  # older torch: the unpadded path lays tokens out per sequence everywhere
     varlen_attn = None
+
+# The positional arguments `varlen_attention_forward` passes to `aten._flash_attention_forward`, by name, before its
+# keyword `scale`.
+FLASH_ATTENTION_ARGUMENTS = (
+    "query",
+    "key",
+    "value",
+    "cum_seq_q",
+    "cum_seq_k",
+    "max_q",
+    "max_k",
+    "dropout_p",
+    "is_causal",
+    "return_debug_mask",
+)
+
+
+def flash_attention_schema_fits(schema) -> bool:
+    """Whether an op schema (`torch._C.FunctionSchema`) takes `FLASH_ATTENTION_ARGUMENTS` positionally, then `scale`
+    and only arguments with defaults, and returns the attention output first: what `varlen_attention_forward` passes
+    and reads."""
+    arguments = schema.arguments
+    named = tuple(a.name for a in arguments[: len(FLASH_ATTENTION_ARGUMENTS)] if not a.kwarg_only)
+    rest = arguments[len(FLASH_ATTENTION_ARGUMENTS) :]
+    if named != FLASH_ATTENTION_ARGUMENTS or "scale" not in {a.name for a in rest}:
+        return False
+    return all(a.has_default_value() for a in rest) and bool(schema.returns) and schema.returns[0].name == "output"
+
+
+def _probe_flash_attention_forward():
+    """torch's `aten._flash_attention_forward` where its schema fits (`flash_attention_schema_fits`, as in torch 2.4
+    to 2.13), else None."""
+    try:
+        overload = torch.ops.aten._flash_attention_forward.default
+    except (AttributeError, RuntimeError):
+        return None
+    return overload if flash_attention_schema_fits(overload._schema) else None
+
+
+# torch's variable-length flash-attention forward with dropout (None where its schema is not the probed one).
+flash_attention_forward = _probe_flash_attention_forward()
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -177,8 +230,8 @@ class UnpaddedBatch:
     the real tokens `cu_seqlens[s] .. cu_seqlens[s + 1] - 1`, in input order: the layout flash-attention's
     variable-length kernels read.
 
-    Where attention needs a padded grid (the CPU's kernels, fp32, attention dropout), the *attention layout* lays the
-    tokens out again, (S, L_max), one sequence per row from column 0 (`with_attention_layout`). Every move between
+    Where attention needs a padded grid (the CPU's kernels, fp32, GPUs without flash-attention), the *attention layout*
+    lays the tokens out again, (S, L_max), one sequence per row from column 0 (`with_attention_layout`). Every move between
     layouts is a gather (`index_select`, several times faster on a CPU than advanced indexing or scattering into
     zeros). In the attention layout a position after a sequence's end repeats that sequence's first token (our own
     shortcut, exact): as a key it is masked out (weight exactly 0 after the softmax, times a finite value of the same
@@ -190,7 +243,8 @@ class UnpaddedBatch:
         cu_seqlens (`torch.IntTensor` of shape `(S + 1,)`): int32 cumulative sequence lengths, from 0 to T.
         max_seqlen (`int`): the longest sequence's length, L_max.
         packed (`bool`): some row holds more than one sequence.
-        token_sequence (`torch.LongTensor` of shape `(T,)`): each real token's sequence, 0 .. S-1.
+        token_sequence (`torch.LongTensor` of shape `(T,)`): each real token's sequence, 0 .. S-1 (computed on first
+            use: variable-length attention never needs it).
         varlen (`bool`): attention runs `varlen_attention_forward` on `cu_seqlens` (see `varlen_attention_applies`);
             else it runs on the attention layout.
         attention_mask (`torch.BoolTensor` of shape `(S, L_max)`, or None before `with_attention_layout`): True where
@@ -206,11 +260,13 @@ class UnpaddedBatch:
     cu_seqlens: torch.Tensor
     max_seqlen: int
     packed: bool
-    token_sequence: torch.Tensor
     varlen: bool = False
     attention_mask: torch.Tensor | None = None
     attention_indices: torch.Tensor | None = None
     attention_sources: torch.Tensor | None = None
+    # What is built on first use: `token_sequence`, and the attention layout a variable-length batch falls back to
+    # (`attention_fallback`).
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def from_mask(
@@ -219,11 +275,13 @@ class UnpaddedBatch:
         sequence_ids: torch.Tensor | None = None,
         checks: tuple[DeferredCheck, ...] = (),
         attention_layout: bool = True,
+        reads: DeferredReads | None = None,
     ) -> "UnpaddedBatch":
         """
         The layout of a batch, with one host read (one sync on a GPU) for everything data-dependent: the number of
         real tokens T, of sequences S, the longest sequence and whether rows are packed, together with the results
-        of the input checks `checks` (so that they cost no sync of their own). Every other size follows from those.
+        of the input checks `checks` and of a caller's `reads` (so that they cost no sync of their own). Every other
+        size follows from those.
 
         Args:
             attention_mask (`torch.Tensor` of shape `(B, L)`, *optional*): 1 (or True) for real tokens; None: all real.
@@ -233,34 +291,53 @@ class UnpaddedBatch:
             checks (`tuple[DeferredCheck, ...]`): input checks read in the same host read; the first that fails
                 raises its error.
             attention_layout (`bool`): also build the attention layout (`with_attention_layout`).
+            reads (`DeferredReads`, *optional*): a caller's checks (after `checks`) and scalars, read in the same
+                host read; their values land in `reads.values`.
         At least one of `attention_mask` and `sequence_ids` is given.
 
         Raises:
-            ValueError, TypeError: a check of `checks` fails.
+            ValueError, TypeError: a check of `checks` or `reads.checks` fails.
         """
         reference = attention_mask if attention_mask is not None else sequence_ids
         batch_size, seq_len = reference.shape
         device = reference.device
+        reads = DeferredReads() if reads is None else reads
+        checks = (*checks, *reads.checks)
+        if sequence_ids is None:  # one sequence per row: the rows' lengths, in fewer kernels than the walk below
+            lengths = torch.count_nonzero(attention_mask, dim=1)  # (B,)
+            cumulative = nn.functional.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))  # (B + 1,)
+            layout_scalars = (cumulative[-1], torch.count_nonzero(lengths), lengths.max())  # T, S, L_max
+            values = read_on_host(checks, (*layout_scalars, *reads.scalars))
+            (num_tokens, num_sequences, max_seqlen), reads.values = values[:3], values[3:]
+            if num_sequences < batch_size:  # fully padded rows hold no sequence: their ends are dropped
+                ends = torch.nonzero_static(lengths, size=num_sequences).squeeze(1) + 1  # (S,)
+                cumulative = cumulative.index_select(0, nn.functional.pad(ends, (1, 0)))
+            batch = cls(
+                indices=torch.nonzero_static(attention_mask.reshape(-1), size=num_tokens).squeeze(1),
+                input_shape=(batch_size, seq_len),
+                cu_seqlens=cumulative,
+                max_seqlen=max_seqlen,
+                packed=False,
+            )
+            return batch.with_attention_layout() if attention_layout else batch
         if attention_mask is None:
             real = torch.ones(batch_size * seq_len, dtype=torch.bool, device=device)
         else:
             real = attention_mask.reshape(-1) != 0  # (B * L,)
         position = torch.arange(batch_size * seq_len, device=device)
         # The real token before each position (-1: none). A sequence starts at a real token whose predecessor lies in
-        # another row or, in packed rows, carries another sequence id.
+        # another row or carries another sequence id.
         last_real = torch.cummax(torch.where(real, position, -1), dim=0).values
         previous = nn.functional.pad(last_real[:-1], (1, 0), value=-1)  # (B * L,)
         starts = real & (torch.div(previous, seq_len, rounding_mode="floor") != position // seq_len)
-        restarts = torch.zeros((), dtype=torch.bool, device=device)
-        if sequence_ids is not None:
-            sequence = sequence_ids.reshape(-1)
-            restarts = real & ~starts & (sequence != sequence.index_select(0, previous.clamp(min=0)))
-            starts = starts | restarts
+        sequence = sequence_ids.reshape(-1)
+        restarts = real & ~starts & (sequence != sequence.index_select(0, previous.clamp(min=0)))
+        starts = starts | restarts
         sequence_index = starts.cumsum(0) - 1  # (B * L,): the sequence of each real position
         lengths = torch.zeros_like(position).index_add_(0, sequence_index.clamp(min=0), real.long())  # (>= S,)
-        num_tokens, num_sequences, max_seqlen, packed = read_on_host(
-            checks, (real.sum(), starts.sum(), lengths.max(), restarts.any())
-        )
+        layout_scalars = (real.sum(), starts.sum(), lengths.max(), restarts.any())
+        values = read_on_host(checks, (*layout_scalars, *reads.scalars))
+        (num_tokens, num_sequences, max_seqlen, packed), reads.values = values[:4], values[4:]
         indices = torch.nonzero_static(real, size=num_tokens).squeeze(1)  # (T,)
         cu_seqlens = nn.functional.pad(torch.cumsum(lengths[:num_sequences], 0, dtype=torch.int32), (1, 0))
         batch = cls(
@@ -269,14 +346,22 @@ class UnpaddedBatch:
             cu_seqlens=cu_seqlens,
             max_seqlen=max_seqlen,
             packed=bool(packed),
-            token_sequence=sequence_index.index_select(0, indices),
         )
+        batch._cache["token_sequence"] = sequence_index.index_select(0, indices)
         return batch.with_attention_layout() if attention_layout else batch
 
     @property
     def num_tokens(self) -> int:
         """T, the number of real tokens."""
         return self.indices.numel()
+
+    @property
+    def token_sequence(self) -> torch.Tensor:
+        """(T,) int64: each real token's sequence, 0 .. S-1, from `cu_seqlens` (no host read)."""
+        if "token_sequence" not in self._cache:
+            tokens = torch.arange(self.num_tokens, device=self.cu_seqlens.device)
+            self._cache["token_sequence"] = torch.searchsorted(self.cu_seqlens[1:], tokens.int(), right=True)
+        return self._cache["token_sequence"]
 
     def with_attention_layout(self) -> "UnpaddedBatch":
         """This batch, with the attention layout built (from `cu_seqlens`, no host read) and `varlen` False."""
@@ -293,6 +378,28 @@ class UnpaddedBatch:
             attention_sources=(first_token[:, None] + column * attention_mask).reshape(-1),
         )
 
+    def attention_fallback(self) -> "UnpaddedBatch":
+        """This batch with the attention layout, for a variable-length batch whose attention cannot run the kernel
+        after all (`varlen_attention_fits`): built on the first call from `cu_seqlens` (no host read), then reused by
+        every layer of the forward."""
+        if self.attention_mask is not None:
+            return self
+        if "fallback" not in self._cache:
+            self._cache["fallback"] = self.with_attention_layout()
+        return self._cache["fallback"]
+
+    def sdpa_mask(self) -> torch.Tensor | None:
+        """
+        The boolean mask sdpa reads in the attention layout, True where a key is a real token of the query's
+        sequence: `attention_mask` (S, L_max) as (S, 1, L_max, L_max), a broadcast view, the values transformers'
+        `create_bidirectional_mask` builds, without its host read (it asks whether every position is real; here that
+        follows from T = S x L_max, known on the host). None when every row is full, as transformers returns then.
+        """
+        num_sequences, max_length = self.attention_mask.shape
+        if self.num_tokens == num_sequences * max_length:
+            return None
+        return self.attention_mask[:, None, None, :].expand(num_sequences, 1, max_length, max_length)
+
     def unpad(self, padded: torch.Tensor) -> torch.Tensor:
         """(B, L, ...) in the input layout -> (1, T, ...): the real tokens' rows."""
         return padded.reshape(-1, *padded.shape[2:]).index_select(0, self.indices).unsqueeze(0)
@@ -300,12 +407,12 @@ class UnpaddedBatch:
     def pad(self, unpadded: torch.Tensor) -> torch.Tensor:
         """(1, T, ...) -> (B, L, ...) in the input layout, zeros at padding."""
         rows = unpadded.new_zeros(self.input_shape[0] * self.input_shape[1], *unpadded.shape[2:])
-        return rows.index_copy_(0, self.indices, unpadded[0]).view(*self.input_shape, *unpadded.shape[2:])
+        return rows.index_copy_(0, self.indices, unpadded.squeeze(0)).view(*self.input_shape, *unpadded.shape[2:])
 
     def to_attention_layout(self, unpadded: torch.Tensor) -> torch.Tensor:
         """(1, T, ...) -> (S, L_max, ...), one sequence per row; after a sequence's end, its first token again."""
         shape = self.attention_mask.shape
-        return unpadded[0].index_select(0, self.attention_sources).view(*shape, *unpadded.shape[2:])
+        return unpadded.squeeze(0).index_select(0, self.attention_sources).view(*shape, *unpadded.shape[2:])
 
     def from_attention_layout(self, laid_out: torch.Tensor) -> torch.Tensor:
         """(S, L_max, ...) -> (1, T, ...): the real tokens' rows, in input order."""
@@ -318,58 +425,100 @@ class UnpaddedBatch:
 
 
 @functools.lru_cache(maxsize=8)
-def _runs_flash_attention(device_index: int) -> bool:
+def _capability_runs_flash_attention(device_index: int) -> bool:
     """Whether the GPU runs flash-attention's kernels (compute capability 8.0, Ampere, or newer)."""
     return torch.cuda.get_device_capability(device_index)[0] >= 8
 
 
+def runs_flash_attention(device: torch.device) -> bool:
+    """Whether `device` is a CUDA GPU that runs flash-attention's kernels: compute capability 8.0 (Ampere) or newer,
+    and not a ROCm build of torch (its flash kernels are another implementation, not tested with SeqBERT)."""
+    if device.type != "cuda" or torch.version.hip is not None:
+        return False
+    return _capability_runs_flash_attention(torch.cuda.current_device() if device.index is None else device.index)
+
+
+_HALF_PRECISION = (torch.float16, torch.bfloat16)
+
+
 def varlen_attention_applies(device: torch.device, dtype: torch.dtype, head_dim: int, dropout: float) -> bool:
     """
-    Whether the unpadded encoder's attention runs `varlen_attention_forward`: torch ships `varlen_attn` (>= 2.10), the
-    tokens are on a CUDA GPU that runs flash-attention (compute capability >= 8.0) and flash is not switched off
+    Whether the unpadded encoder lays its batch out for `varlen_attention_forward` (else per sequence, for sdpa): the
+    tokens are on a CUDA GPU that runs flash-attention (`runs_flash_attention`) and flash is not switched off
     (`torch.backends.cuda.flash_sdp_enabled()`, which `torch.nn.attention.sdpa_kernel` sets), attention computes in
-    fp16 or bf16 (the model's dtype, or autocast's), the head size is a multiple of 8 up to 256, and no attention
-    dropout is drawn (`varlen_attn` has none: training with `attention_probs_dropout_prob > 0` lays tokens out per
-    sequence for sdpa instead, as on the CPU).
+    fp16 or bf16 (the model's dtype, or autocast's), the head size is a multiple of 8 up to 256, and the kernel is
+    there: `flash_attention_forward` (any dropout), or torch's `varlen_attn` (torch >= 2.10) where no attention
+    dropout is drawn.
 
     Args:
         device (`torch.device`): where the hidden states are.
         dtype (`torch.dtype`): the dtype queries and keys are computed in.
         head_dim (`int`): D.
-        dropout (`float`): the attention dropout probability in effect (0.0 in eval mode).
+        dropout (`float`): the attention dropout probability of the configuration in effect (0.0 in eval mode).
     """
-    if varlen_attn is None or device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
+    if dtype not in _HALF_PRECISION or head_dim % 8 != 0 or head_dim > 256:
         return False
-    if dropout > 0.0 or head_dim % 8 != 0 or head_dim > 256 or not torch.backends.cuda.flash_sdp_enabled():
+    kernel = flash_attention_forward is not None or (varlen_attn is not None and dropout == 0.0)
+    return kernel and torch.backends.cuda.flash_sdp_enabled() and runs_flash_attention(device)
+
+
+def varlen_attention_fits(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout: float) -> bool:
+    """
+    Whether this call's queries, keys and values can go to the kernel as they are, checked where attention runs:
+    one dtype, fp16 or bf16, one CUDA device (a quantized or adapter linear may return another dtype than the model's),
+    and a kernel that draws `dropout` (`varlen_attention_applies` decided the layout from the configuration; a
+    module's own dropout may differ). Reads nothing on the host.
+    """
+    if not (query.dtype == key.dtype == value.dtype) or query.dtype not in _HALF_PRECISION:
         return False
-    return _runs_flash_attention(torch.cuda.current_device() if device.index is None else device.index)
+    if not (query.device == key.device == value.device) or not runs_flash_attention(query.device):
+        return False
+    return flash_attention_forward is not None or (varlen_attn is not None and dropout == 0.0)
 
 
 def varlen_attention_forward(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, unpadded: UnpaddedBatch
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    unpadded: UnpaddedBatch,
+    dropout: float = 0.0,
+    scaling: float | None = None,
 ) -> torch.Tensor:
     """
-    softmax(Q Kᵀ / sqrt(D)) V within each sequence of `unpadded`, on the real tokens as they are: torch's
-    variable-length flash-attention kernel (`torch.nn.attention.varlen.varlen_attn`; Dao 2023, "FlashAttention-2",
-    variable-length batches as in flash-attn's `flash_attn_varlen_func`). The scale is the kernel's default,
-    1 / sqrt(D), the same as `SeqBertAttention.scaling`.
+    softmax(Q Kᵀ · scaling) V within each sequence of `unpadded`, on the real tokens as they are, with dropout on the
+    attention weights: torch's variable-length flash-attention kernel (Dao 2023, "FlashAttention-2"; variable-length
+    batches as flash-attn's `flash_attn_varlen_func`) through `aten._flash_attention_forward` (see the module
+    docstring), or torch's `varlen_attn` where that op's schema is not the probed one (then `dropout` must be 0).
 
     Args:
-        query, key, value (`torch.Tensor` of shape `(T, N, D)`): fp16 or bf16, on a CUDA GPU.
+        query, key, value (`torch.Tensor` of shape `(T, N, D)`): fp16 or bf16, on a CUDA GPU (`varlen_attention_fits`).
         unpadded (`UnpaddedBatch`): the batch's `cu_seqlens` and `max_seqlen`.
+        dropout (`float`): the probability of dropping an attention weight (kept ones are scaled by 1 / (1 - p)).
+        scaling (`float`, *optional*): usually D ** -0.5, the kernel's default (None; `varlen_attn` takes only that).
 
     Returns:
         `torch.Tensor` of shape `(T, N, D)` in the dtype of `query`.
+
+    Raises:
+        ValueError: `dropout` > 0 where only `varlen_attn`, which has no dropout, is there.
     """
     cu_seqlens, max_seqlen = unpadded.cu_seqlens, unpadded.max_seqlen
-    return varlen_attn(query, key, value, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen)
+    if flash_attention_forward is not None:
+        arguments = (query, key, value, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout, False, False)
+        return flash_attention_forward(*arguments, scale=scaling)[0]
+    if dropout > 0.0:
+        raise ValueError(f"dropout ({dropout}) must be 0.0: torch's varlen_attn draws no attention dropout")
+    return varlen_attn(query, key, value, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen)  # its scale: D ** -0.5
 
 
 __all__ = [
     "MAX_KEYS_WRITTEN_OUT",
     "UnpaddedBatch",
     "eager_attention_forward",
+    "flash_attention_forward",
+    "runs_flash_attention",
     "sdpa_attention_forward",
     "varlen_attention_applies",
+    "varlen_attention_fits",
     "varlen_attention_forward",
 ]

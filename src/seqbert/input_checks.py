@@ -12,7 +12,7 @@ users and depends only on torch and transformers.
 """
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers.generation import GenerationConfig
@@ -92,11 +92,16 @@ def check_ids_in_range(
 class DeferredCheck:
     """
     A check of input values whose host read is deferred, so that several checks (and the encoder's unpadded layout)
-    share one read: one sync on a GPU instead of one each (see `read_on_host`).
+    share one read: one sync on a GPU instead of one each (see `read_on_host`). The values that decide it are computed
+    on the device (`tensors`, as few kernels as it takes) and judged on the host once read (`passes`).
     """
 
-    def passed(self) -> torch.Tensor:
-        """A 0-dim tensor on the checked tensor's device, non-zero when the check passes (no host read)."""
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """0-dim integer or boolean tensors on the checked tensor's device whose values decide the check."""
+        raise NotImplementedError
+
+    def passes(self, values: list[int]) -> bool:
+        """Whether the check passes, given the values of `tensors()` in order."""
         raise NotImplementedError
 
     def raise_error(self) -> None:
@@ -106,22 +111,49 @@ class DeferredCheck:
 
 @dataclass(frozen=True)
 class IdsInRange(DeferredCheck):
-    """`check_ids_in_range(name, ids, high, high_name)`, deferred."""
+    """`check_ids_in_range(name, ids, high, high_name, ignore_index)`, deferred: the smallest and largest id are read
+    (one `aminmax`), and compared on the host."""
 
     name: str
     ids: torch.Tensor
     high: int | None
     high_name: str = ""
+    ignore_index: bool = False
 
-    def passed(self) -> torch.Tensor:
+    def tensors(self) -> tuple[torch.Tensor, ...]:
         if self.ids.numel() == 0:
-            return torch.ones((), dtype=torch.bool, device=self.ids.device)
-        limit = torch.iinfo(torch.int64).max if self.high is None else self.high
-        low, high = torch.aminmax(self.ids)
-        return (low >= 0) & (high < limit)
+            return ()
+        ids = self.ids
+        if self.ignore_index:  # IGNORE_INDEX counts as 0, which is always allowed
+            ids = ids.masked_fill(ids == IGNORE_INDEX, 0)
+        return tuple(torch.aminmax(ids))
+
+    def passes(self, values: list[int]) -> bool:
+        if not values:
+            return True
+        low, high = values
+        return low >= 0 and (self.high is None or high < self.high)
 
     def raise_error(self) -> None:
-        check_ids_in_range(self.name, self.ids, self.high, self.high_name)
+        check_ids_in_range(self.name, self.ids, self.high, self.high_name, self.ignore_index)
+
+
+@dataclass(frozen=True)
+class MultiHot(DeferredCheck):
+    """The targets of multi-label classification lie in [0, 1]."""
+
+    labels: torch.Tensor
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        if self.labels.dtype == torch.bool or self.labels.numel() == 0:
+            return ()
+        return (((self.labels >= 0) & (self.labels <= 1)).all(),)
+
+    def passes(self, values: list[int]) -> bool:
+        return all(values)
+
+    def raise_error(self) -> None:
+        raise ValueError("labels of multi-label classification must be multi-hot targets in [0, 1]")
 
 
 @dataclass(frozen=True)
@@ -132,8 +164,11 @@ class CumulativeLengthsCover(DeferredCheck):
     batch_size: int
     seq_len: int
 
-    def passed(self) -> torch.Tensor:
-        return (self.cu_seq_lens[0] == 0) & (self.cu_seq_lens[-1] == self.batch_size * self.seq_len)
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.cu_seq_lens[0], self.cu_seq_lens[-1]
+
+    def passes(self, values: list[int]) -> bool:
+        return values == [0, self.batch_size * self.seq_len]
 
     def raise_error(self) -> None:
         first, last = self.cu_seq_lens[[0, -1]].tolist()
@@ -143,11 +178,32 @@ class CumulativeLengthsCover(DeferredCheck):
         )
 
 
+@dataclass
+class DeferredReads:
+    """
+    What a caller of `SeqBertModel.forward` (a task head) has the encoder read on the host in its one read, before the
+    encoder runs: checks of its own arguments (labels) and 0-dim integer tensors (sparse masked-LM's count of labelled
+    positions), so that a training step reads the host once (one sync on a GPU). The encoder fills `values`, the
+    values of `scalars` in order; it stays None while `torch.compile` or tracing runs the forward (nothing is read
+    then, and `scalars` must stay empty: see `eager_execution`).
+
+    Attributes:
+        checks (`list[DeferredCheck]`): checked in order, after the encoder's own input checks.
+        scalars (`list[torch.Tensor]`): 0-dim integer or boolean tensors on the inputs' device.
+        values (`list[int]`, *optional*): their values, once read.
+    """
+
+    checks: list[DeferredCheck] = field(default_factory=list)
+    scalars: list[torch.Tensor] = field(default_factory=list)
+    values: list[int] | None = None
+
+
 def read_on_host(checks, scalars=()) -> list[int]:
     """
-    Read the outcome of every check of `checks` and the 0-dim integer or boolean tensors `scalars` to the host in one
-    read: one sync on a GPU, whatever their number. Skipped under `torch.compile` and tracing (see `eager_execution`),
-    where nothing is read and `scalars` must be empty.
+    Read what decides every check of `checks` and the 0-dim integer or boolean tensors `scalars` to the host in one
+    read (`torch.stack`, which promotes them to one integer dtype, then `tolist`): one sync on a GPU, whatever their
+    number. Skipped under `torch.compile` and tracing (see `eager_execution`), where nothing is read and `scalars` must
+    be empty.
 
     Args:
         checks (`Sequence[DeferredCheck]`): checked in order; the first that fails raises its error.
@@ -163,15 +219,18 @@ def read_on_host(checks, scalars=()) -> list[int]:
         if scalars:
             raise RuntimeError("read_on_host cannot read scalars while tracing")
         return []
-    values = [check.passed() for check in checks] + list(scalars)
+    groups = [check.tensors() for check in checks]
+    values = [value for group in groups for value in group] + list(scalars)
     if not values:
         return []
     device = values[-1].device
-    host = torch.stack([value.to(device=device, dtype=torch.long) for value in values]).tolist()
-    for check, passed in zip(checks, host, strict=False):
-        if not passed:
+    host = [int(value) for value in torch.stack([value.to(device) for value in values]).tolist()]
+    start = 0
+    for check, group in zip(checks, groups, strict=True):
+        if not check.passes(host[start : start + len(group)]):
             check.raise_error()
-    return host[len(checks) :]
+        start += len(group)
+    return host[start:]
 
 
 def _check_ids_or_embeds(
@@ -396,29 +455,63 @@ def check_decoder_inputs(
         check_ids_in_range(names["ids"], input_ids, config.vocab_size, "vocab_size")
 
 
+def _in_range(
+    deferred: list[DeferredCheck] | None,
+    name: str,
+    ids: torch.Tensor,
+    high: int | None,
+    high_name: str = "",
+    ignore_index: bool = False,
+) -> None:
+    """`check_ids_in_range` now, or appended to `deferred` (an `IdsInRange`) when a list is given."""
+    if deferred is None:
+        check_ids_in_range(name, ids, high, high_name, ignore_index=ignore_index)
+    else:
+        deferred.append(IdsInRange(name, ids, high, high_name, ignore_index))
+
+
+def input_batch_shape(input_ids, inputs_embeds) -> tuple[int, int] | None:
+    """(B, L) of the encoder's inputs, when exactly one of `input_ids` (B, L) and `inputs_embeds` (B, L, H) is a tensor
+    with that many dimensions; else None (the encoder's own checks then raise, naming the problem)."""
+    if (input_ids is None) == (inputs_embeds is None):
+        return None
+    given, ndim = (input_ids, 2) if input_ids is not None else (inputs_embeds, 3)
+    if not isinstance(given, torch.Tensor) or given.dim() != ndim:
+        return None
+    return tuple(given.shape[:2])
+
+
 def check_labels(
-    name: str, labels, logits_shape: tuple[int, ...], num_classes: int, classes_name: str, ignore_index: bool = True
+    name: str,
+    labels,
+    logits_shape: tuple[int, ...],
+    num_classes: int,
+    classes_name: str,
+    ignore_index: bool = True,
+    deferred: list[DeferredCheck] | None = None,
 ) -> torch.Tensor:
     """
     Raise unless `labels` are integer class ids shaped like `logits_shape` without its class dimension, each in
     `[0, num_classes)` or `IGNORE_INDEX`. Raises `TypeError` (not a tensor, not integer) or `ValueError`. Returns
-    them as int64, which the cross-entropy takes.
+    them as int64, which the cross-entropy takes. With a `deferred` list, the check of the values (a host read) is
+    appended to it instead of run (see `DeferredReads`).
     """
     expected = tuple(logits_shape[:-1])
     meaning = f"(the logits' shape {tuple(logits_shape)} without the class dimension)"
     check_tensor(name, labels, "integer", (len(expected),), str(expected))
     check_shape(name, labels, expected, meaning)
-    check_ids_in_range(name, labels, num_classes, classes_name, ignore_index=ignore_index)
+    _in_range(deferred, name, labels, num_classes, classes_name, ignore_index=ignore_index)
     return labels.long()
 
 
 def check_sequence_classification_labels(
-    labels, logits_shape: tuple[int, ...], problem_type: str | None
+    labels, logits_shape: tuple[int, ...], problem_type: str | None, deferred: list[DeferredCheck] | None = None
 ) -> torch.Tensor:
     """
     The `labels` of `SeqBertForSequenceClassification.forward`, checked against the problem type (`problem_type` of
     the config, else inferred as `ForSequenceClassificationLoss` does) and converted to the dtype its loss needs:
     int64 class ids for single-label classification, float targets otherwise. See that `forward` for what raises.
+    With a `deferred` list, the checks of values are appended to it instead of run (see `DeferredReads`).
     """
     batch_size, num_labels = logits_shape
     check_tensor("labels", labels, "any", (1, 2), f"({batch_size},) or ({batch_size}, {num_labels})")
@@ -436,7 +529,7 @@ def check_sequence_classification_labels(
                 f"labels has shape {tuple(labels.shape)}, but single-label classification takes one class id per "
                 f"example: ({batch_size},)"
             )
-        check_ids_in_range("labels", labels, num_labels, "num_labels", ignore_index=True)
+        _in_range(deferred, "labels", labels, num_labels, "num_labels", ignore_index=True)
         return labels.long()
     if problem_type == "regression" and num_labels == 1:
         if tuple(labels.shape) not in per_example:
@@ -446,19 +539,24 @@ def check_sequence_classification_labels(
             )
     else:
         check_shape("labels", labels, (batch_size, num_labels), f"({problem_type}: one value per class)")
-    if problem_type == "multi_label_classification" and eager_execution():
-        if not bool(((labels >= 0) & (labels <= 1)).all()):
-            raise ValueError("labels of multi-label classification must be multi-hot targets in [0, 1]")
+    if problem_type == "multi_label_classification":
+        if deferred is not None:
+            deferred.append(MultiHot(labels))
+        else:
+            read_on_host([MultiHot(labels)])
     return labels.float()
 
 
 def check_answer_positions(
-    start_positions: torch.Tensor | None, end_positions: torch.Tensor | None, batch_size: int
+    start_positions: torch.Tensor | None,
+    end_positions: torch.Tensor | None,
+    batch_size: int,
+    deferred: list[DeferredCheck] | None = None,
 ) -> None:
     """
     The answer-span positions of `SeqBertForQuestionAnswering.forward`: both or neither given, each integer of
     shape `(batch_size,)` (or `(batch_size, 1)`) and non-negative (positions beyond the sequence are allowed: the loss
-    ignores them, as BERT's does).
+    ignores them, as BERT's does). With a `deferred` list, the checks of values are appended to it instead of run.
 
     Raises:
         TypeError: a position tensor is not a tensor or not integer.
@@ -473,7 +571,7 @@ def check_answer_positions(
         check_tensor(name, positions, "integer", (1, 2), f"({batch_size},)")
         if tuple(positions.shape) not in ((batch_size,), (batch_size, 1)):
             raise ValueError(f"{name} has shape {tuple(positions.shape)}, but it must be ({batch_size},)")
-        check_ids_in_range(name, positions, None)
+        _in_range(deferred, name, positions, None)
 
 
 def check_multiple_choice_inputs(

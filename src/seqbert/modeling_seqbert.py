@@ -52,6 +52,7 @@ from .attention_backends import (
     eager_attention_forward,
     sdpa_attention_forward,
     varlen_attention_applies,
+    varlen_attention_fits,
     varlen_attention_forward,
 )
 from .configuration_seqbert import SeqBertConfig
@@ -70,6 +71,7 @@ from .convert_bert import (
 )
 from .input_checks import (
     IGNORE_INDEX,
+    DeferredReads,
     check_answer_positions,
     check_decoder_inputs,
     check_encoder_inputs,
@@ -81,6 +83,7 @@ from .input_checks import (
     check_shape,
     check_tensor,
     eager_execution,
+    input_batch_shape,
     packed_sequence_ids,
     read_on_host,
 )
@@ -167,8 +170,12 @@ class SeqBertEmbeddings(nn.Module):
         token_type_ids: torch.LongTensor | None = None,
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        unpadded: UnpaddedBatch | None = None,
     ) -> torch.Tensor:
-        """Ids (B, L) int64, or `inputs_embeds` (B, L, H) -> embeddings (B, L, H) in the model's dtype."""
+        """Ids (B, L) int64, or `inputs_embeds` (B, L, H) -> embeddings (B, L, H) in the model's dtype. With
+        `unpadded` (the encoder's fast path), the summed embeddings are gathered to the real tokens, (1, T, H), before
+        the LayerNorm and dropout: the lookups see BERT's (B, L) grid, so hooks on `word_embeddings` see BERT's
+        shapes, and the rest runs on real tokens only."""
         if inputs_embeds is None:
             inputs_embeds = self.word_embeddings(input_ids)  # (B, L, H)
         seq_length = inputs_embeds.shape[1]
@@ -182,6 +189,8 @@ class SeqBertEmbeddings(nn.Module):
             else:
                 embeddings = embeddings + self.token_type_embeddings(token_type_ids)
         embeddings = embeddings + self.position_embeddings(position_ids).to(embeddings.dtype)
+        if unpadded is not None:
+            embeddings = unpadded.unpad(embeddings)  # (1, T, H)
         return self.dropout(self.layer_norm(embeddings))
 
 
@@ -247,8 +256,20 @@ class SeqBertAttention(nn.Module):
         **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`_attend` before the output projection: the heads' outputs side by side, (B, L, H) or (1, T, H)."""
+        dropout = self.attention_dropout if self.training else 0.0
         if unpadded is not None and unpadded.varlen:  # (T, N, D) each, on CUDA: no layout, no mask
-            return varlen_attention_forward(query, key, value, unpadded).view(1, query.shape[0], -1), None
+            if varlen_attention_fits(query, key, value, dropout):
+                output = varlen_attention_forward(query, key, value, unpadded, dropout, self.scaling)
+                return output.view(1, query.shape[0], -1), None
+            # Another dtype from a quantized or adapter projection, or a dropout the kernel cannot draw: the tokens
+            # are laid out per sequence after all (built once per forward, without a host read), in one dtype, and
+            # the output comes back in the queries' dtype, as the kernel's would.
+            unpadded, output_dtype = unpadded.attention_fallback(), query.dtype
+            dtype = torch.promote_types(torch.promote_types(query.dtype, key.dtype), value.dtype)
+            query, key, value = (self._split_heads(x.flatten(1)[None].to(dtype), unpadded) for x in (query, key, value))
+            attention_mask = unpadded.sdpa_mask()
+        else:
+            output_dtype = None
         attention_interface: Callable = eager_attention_forward  # also for a bare config (implementation None)
         if self.config._attn_implementation == "sdpa":
             attention_interface = sdpa_attention_forward  # transformers' own, but for bf16 training on CPU
@@ -267,7 +288,7 @@ class SeqBertAttention(nn.Module):
             key,
             value,
             attention_mask,
-            dropout=self.attention_dropout if self.training else 0.0,
+            dropout=dropout,
             scaling=self.scaling,
             **kwargs,
         )  # (B, L, N, D)
@@ -275,6 +296,8 @@ class SeqBertAttention(nn.Module):
         attn_output = attn_output.reshape(query.shape[0], query.shape[2], -1)
         if unpadded is not None:
             attn_output = unpadded.from_attention_layout(attn_output)  # (1, T, H)
+        if output_dtype is not None:
+            attn_output = attn_output.to(output_dtype)
         return attn_output, attn_weights
 
 
@@ -868,6 +891,7 @@ class SeqBertModel(SeqBertPreTrainedModel):
         token_type_ids: torch.LongTensor | None = None,
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        deferred_reads: DeferredReads | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> SeqBertModelOutput:
         r"""
@@ -883,6 +907,8 @@ class SeqBertModel(SeqBertPreTrainedModel):
             cu_seq_lens_q (`torch.IntTensor` of shape `(S + 1,)`, *optional*): cumulative sequence lengths over the
                 flattened batch (`DataCollatorWithFlattening(return_flash_attn_kwargs=True)`); when given, they mark
                 the sequence boundaries instead of `position_ids`.
+            deferred_reads (`DeferredReads`, *optional*): a task head's checks of its own arguments (labels) and
+                scalars it needs on the host, read in the encoder's one host read, before the encoder runs.
             output_hidden_states, output_attentions, return_dict: as in every transformers model.
 
         Returns:
@@ -902,13 +928,18 @@ class SeqBertModel(SeqBertPreTrainedModel):
                 `cu_seq_lens_q` that does not cover the batch; packed rows without `cu_seq_lens_q` under
                 flash-attention. Value checks are skipped under `torch.compile` and tracing.
         """
-        value_checks = []  # read on the host together with the unpadded layout: one sync per forward
+        # Every value check, a head's included, is read on the host together with the unpadded layout: one sync.
+        reads = DeferredReads() if deferred_reads is None else deferred_reads
+        value_checks = []
         check_encoder_inputs(
             self.config, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, value_checks
         )
-        unpadded, sequence_ids = self._unpadded_batch(
-            input_ids, inputs_embeds, attention_mask, position_ids, value_checks, kwargs
+        reads.checks[:0] = value_checks
+        unpadded, sequence_ids, all_real = self._unpadded_batch(
+            input_ids, inputs_embeds, attention_mask, position_ids, reads, kwargs
         )
+        if all_real and self.config._attn_implementation == "sdpa":
+            attention_mask = None  # nothing to mask: no mask to build (transformers would read the host to find out)
         same_layer = self.config.is_encoder_decoder and self.config.cross_attention_source == "same_layer"
         layer_inputs = [] if same_layer else None
         if unpadded is None:
@@ -949,20 +980,22 @@ class SeqBertModel(SeqBertPreTrainedModel):
         inputs_embeds: torch.Tensor | None,
         attention_mask: torch.Tensor | None,
         position_ids: torch.Tensor | None,
-        value_checks: list,
+        reads: DeferredReads,
         kwargs: dict,
-    ) -> tuple[UnpaddedBatch | None, torch.Tensor | None]:
+    ) -> tuple[UnpaddedBatch | None, torch.Tensor | None, bool]:
         """
-        `(layout, sequence_ids)`: the real tokens' layout when the unpadded fast path applies (sdpa attention, eager
-        execution, a (B, L) mask with some padding and some real tokens, or packed rows, and no per-layer outputs
-        requested: those are recorded in the padded layout), else None: the padded path, which
+        `(layout, sequence_ids, all_real)`: the real tokens' layout when the unpadded fast path applies (sdpa
+        attention, eager execution, a (B, L) mask with some padding and some real tokens, or packed rows, and no
+        per-layer outputs requested: those are recorded in the padded layout), else None: the padded path, which
         `attn_implementation="eager"` always takes as the readable reference, and which `torch.compile` /
         `torch.export` trace (it has no data-dependent shapes). `sequence_ids` (B, L) number packed sequences, for
-        the padded path's block-diagonal mask (None where no row is packed).
+        the padded path's block-diagonal mask (None where no row is packed). `all_real`: the layout was read and
+        every position is a real token of an unpacked row, so the padded path needs no mask.
 
-        The value checks of the inputs and the layout are read on the host together, once (`UnpaddedBatch.from_mask`).
-        On CUDA in fp16 / bf16 without attention dropout the layout is `cu_seqlens` alone, for torch's
-        variable-length kernel (`varlen_attention_applies`); elsewhere attention lays the tokens out per sequence.
+        The value checks of `reads` (the inputs', then a head's) and the layout are read on the host together, once
+        (`UnpaddedBatch.from_mask`); so are the head's scalars, into `reads.values`. On a CUDA GPU that runs
+        flash-attention, in fp16 / bf16, the layout is `cu_seqlens` alone, for the variable-length kernel
+        (`varlen_attention_applies`); elsewhere attention lays the tokens out per sequence.
         """
         eligible = self.config._attn_implementation == "sdpa" and eager_execution()
         eligible = eligible and (attention_mask is None or attention_mask.dim() == 2)
@@ -971,16 +1004,18 @@ class SeqBertModel(SeqBertPreTrainedModel):
             for name in ("output_hidden_states", "output_attentions")
         )
         if not eligible:
-            read_on_host(value_checks)
-            return None, packed_sequence_ids(self.config, input_ids, inputs_embeds, position_ids, kwargs)
-        sequence_ids = packed_sequence_ids(self.config, input_ids, inputs_embeds, position_ids, kwargs, value_checks)
+            reads.values = read_on_host(reads.checks, reads.scalars) if eager_execution() else None
+            return None, packed_sequence_ids(self.config, input_ids, inputs_embeds, position_ids, kwargs), False
+        sequence_ids = packed_sequence_ids(self.config, input_ids, inputs_embeds, position_ids, kwargs, reads.checks)
         if attention_mask is None and sequence_ids is None:
-            read_on_host(value_checks)
-            return None, None  # nothing to drop, no sequence boundary
-        unpadded = UnpaddedBatch.from_mask(attention_mask, sequence_ids, tuple(value_checks), attention_layout=False)
+            reads.values = read_on_host(reads.checks, reads.scalars)
+            return None, None, False  # nothing to drop, no sequence boundary
+        unpadded = UnpaddedBatch.from_mask(attention_mask, sequence_ids, attention_layout=False, reads=reads)
         batch_size, seq_len = unpadded.input_shape
-        if unpadded.num_tokens == 0 or (unpadded.num_tokens == batch_size * seq_len and not unpadded.packed):
-            return None, None  # nothing to keep, or nothing to drop
+        if unpadded.num_tokens == 0:
+            return None, None, False  # nothing to keep
+        if unpadded.num_tokens == batch_size * seq_len and not unpadded.packed:
+            return None, None, True  # nothing to drop
         reference = input_ids if input_ids is not None else inputs_embeds
         dtype = self.embeddings.layer_norm.weight.dtype
         if torch.is_autocast_enabled(reference.device.type):
@@ -988,8 +1023,8 @@ class SeqBertModel(SeqBertPreTrainedModel):
         dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
         head_dim = self.config.hidden_size // self.config.num_attention_heads
         if varlen_attention_applies(reference.device, dtype, head_dim, dropout):
-            return replace(unpadded, varlen=True), sequence_ids
-        return unpadded.with_attention_layout(), sequence_ids
+            return replace(unpadded, varlen=True), sequence_ids, False
+        return unpadded.with_attention_layout(), sequence_ids, False
 
     def _encode_unpadded(
         self,
@@ -1006,32 +1041,22 @@ class SeqBertModel(SeqBertPreTrainedModel):
         (1, T, H) from the embeddings to the last layer; padding comes back once, at the output. Reads nothing on the
         host (the layout's sizes are known).
 
+        The embeddings are looked up and summed on the whole (B, L) grid, as BERT's are, and the real tokens are
+        gathered right after (`SeqBertEmbeddings`): whatever hooks `get_input_embeddings()` (NEFTune's noise, captum's
+        attributions, adversarial training) sees BERT's (B, L, H).
+
         Returns:
             `(last_hidden_state (B, L, H), layer_inputs)`: zeros at padding; `layer_inputs` padded likewise.
         """
-        batch_size, seq_len = unpadded.input_shape
-        if position_ids is None:
-            position_ids = torch.arange(seq_len, device=unpadded.indices.device)
-        # Ids, token types and positions gathered in one `index_select`; (1, L) token types and positions stand for
-        # every row, as on the padded path.
-        columns = [x for x in (input_ids, token_type_ids, position_ids) if x is not None]
-        ids = unpadded.unpad(torch.stack([x.long().expand(batch_size, seq_len) for x in columns], dim=-1))[0]
-        ids = iter(ids.unbind(-1))  # (T,) each
         embedding_output = self.embeddings(
-            input_ids=None if input_ids is None else next(ids)[None],
-            token_type_ids=None if token_type_ids is None else next(ids)[None],
-            position_ids=next(ids)[None],
-            inputs_embeds=None if inputs_embeds is None else unpadded.unpad(inputs_embeds),
+            input_ids=input_ids,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            unpadded=unpadded,
         )  # (1, T, H)
-        mask = None  # variable-length attention reads `unpadded.cu_seqlens`
-        if not unpadded.varlen:
-            num_sequences, max_length = unpadded.attention_mask.shape
-            layout = embedding_output.new_zeros(()).expand(num_sequences, max_length, 1)  # the attention layout
-            mask = create_bidirectional_mask(
-                **mask_arguments(
-                    create_bidirectional_mask, layout, config=self.config, attention_mask=unpadded.attention_mask
-                )
-            )
+        # Variable-length attention reads `unpadded.cu_seqlens`; the attention layout takes a boolean mask.
+        mask = None if unpadded.varlen else unpadded.sdpa_mask()
         sequence_output = unpadded.pad(self.encoder(embedding_output, mask, layer_inputs, unpadded=unpadded, **kwargs))
         if layer_inputs:
             layer_inputs = [unpadded.pad(x) for x in layer_inputs]
@@ -1206,12 +1231,17 @@ class SeqBertDecoder(SeqBertPreTrainedModel):
 
 
 def loss_divisor(
-    labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None, ignore_index: int = IGNORE_INDEX
-) -> torch.Tensor | int:
+    labels: torch.Tensor,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    ignore_index: int = IGNORE_INDEX,
+    labelled: int | None = None,
+) -> torch.Tensor | int | None:
     """
     What a head's cross-entropy divides its sum over labelled positions by: Trainer's `num_items_in_batch` when given
     (the labelled positions of the whole accumulated batch), else the number of `labels` that are not `ignore_index`;
-    never less than 1. Otherwise equal to PyTorch's mean reduction, bit for bit.
+    never less than 1. Otherwise equal to PyTorch's mean reduction, bit for bit. Where that number was read on the
+    host with the encoder's one read (`labelled`), None stands for it: the loss then takes PyTorch's mean reduction
+    itself (BERT's computation, with no division of its own), and 1 stands for an empty count.
 
     The floor of 1 is seqbert's own choice: a batch in which every label is ignored (all -100, every QA position beyond
     the sequence, a one-token causal-LM input) gets loss 0.0, the sum over no positions, with zero gradients, where
@@ -1222,15 +1252,34 @@ def loss_divisor(
         labels (`torch.Tensor` of any shape): integer targets, `ignore_index` where no loss is taken.
         num_items_in_batch (`torch.Tensor` or `int`, *optional*): Trainer's count for gradient accumulation.
         ignore_index (`int`): the label value that takes no loss.
+        labelled (`int`, *optional*): the number of labels that are not `ignore_index`, already on the host.
 
     Returns:
-        A scalar int64 tensor on `labels`' device, or `num_items_in_batch` floored at 1 (an int stays an int).
+        A scalar int64 tensor on `labels`' device, or `num_items_in_batch` floored at 1 (an int stays an int), or
+        (`labelled` given) None for the mean reduction, 1 when nothing is labelled.
     """
+    if num_items_in_batch is None and labelled is not None:
+        return None if labelled > 0 else 1
     if num_items_in_batch is None:
         return (labels != ignore_index).sum().clamp(min=1)
     if torch.is_tensor(num_items_in_batch):
         return num_items_in_batch.clamp(min=1)
     return max(num_items_in_batch, 1)
+
+
+def count_labelled(reads: DeferredReads, labelled: torch.Tensor, kwargs: dict) -> int | None:
+    """Have the encoder read the number of labelled positions (`labelled`: labels != -100) in its one host read (a
+    scalar of `reads`), where the loss divides by it (Trainer passes no `num_items_in_batch`) and values can be read
+    (eager execution). Returns its index in `reads.values`, or None."""
+    if kwargs.get("num_items_in_batch") is not None or not eager_execution():
+        return None
+    reads.scalars.append(labelled.sum())
+    return len(reads.scalars) - 1
+
+
+def read_count(reads: DeferredReads, index: int | None) -> int | None:
+    """The value `count_labelled` asked for, once the encoder has read it (None if it was not asked for or read)."""
+    return None if index is None or not reads.values else reads.values[index]
 
 
 def _classifier_dropout(config: SeqBertConfig) -> nn.Dropout:
@@ -1274,33 +1323,40 @@ class SeqBertForMaskedLM(SeqBertPreTrainedModel):
         divided by `num_items_in_batch` when Trainer passes it; 0.0 when every label is -100, see `loss_divisor`).
         With `config.sparse_prediction` and `labels`, only the M labelled positions reach the vocabulary projection
         and `logits` are (M, V), in row-major order (`labels[labels != -100]` are their targets); the loss and
-        gradients are dense scoring's up to the order of float sums (the per-position logits are identical).
+        gradients are dense scoring's up to the order of float sums (the per-position logits are identical). The
+        labels are checked, and M counted, in the encoder's one host read, before it runs.
         """
+        reads, counted = DeferredReads(), None
+        shape = input_batch_shape(input_ids, inputs_embeds)
+        sparse = labels is not None and shape is not None and self.config.sparse_prediction
+        if labels is not None and shape is not None:
+            vocab_size = self.config.vocab_size
+            labels = check_labels("labels", labels, (*shape, vocab_size), vocab_size, "vocab_size", True, reads.checks)
+            labelled = labels != IGNORE_INDEX  # (B, L)
+            counted = count_labelled(reads, labelled, {} if sparse else kwargs)  # sparse prediction gathers M rows
         outputs = self.seqbert(
             input_ids,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
+            deferred_reads=reads,
             return_dict=True,
             **kwargs,
         )
         hidden_states = outputs.last_hidden_state  # (B, L, H)
-        if labels is not None:
-            labels = check_labels(
-                "labels",
-                labels,
-                (*hidden_states.shape[:-1], self.config.vocab_size),
-                self.config.vocab_size,
-                "vocab_size",
-            )
-            if self.config.sparse_prediction:
-                labelled = labels != IGNORE_INDEX  # (B, L)
+        if sparse:
+            hidden_states, labels = hidden_states.flatten(0, 1), labels.reshape(-1)  # (B * L, H), (B * L,)
+            labelled = labelled.reshape(-1)  # (B * L,)
+            if read_count(reads, counted) is not None:  # M known: the rows gathered without a host read of their own
+                positions = torch.nonzero_static(labelled, size=read_count(reads, counted)).squeeze(1)  # (M,)
+                hidden_states, labels = hidden_states.index_select(0, positions), labels.index_select(0, positions)
+            else:  # traced: M is data-dependent
                 hidden_states, labels = hidden_states[labelled], labels[labelled]  # (M, H), (M,)
         logits = self.lm_head(hidden_states)  # (B, L, V), or (M, V) with sparse prediction
         loss = None
         if labels is not None:
-            divisor = loss_divisor(labels, kwargs.pop("num_items_in_batch", None))
+            divisor = loss_divisor(labels, kwargs.pop("num_items_in_batch", None), labelled=read_count(reads, counted))
             # The loss function computes in float32, so half-precision logits cannot overflow it.
             loss = self.loss_function(
                 logits, labels, vocab_size=self.config.vocab_size, num_items_in_batch=divisor, **kwargs
@@ -1349,20 +1405,30 @@ class SeqBertForSequenceClassification(SeqBertPreTrainedModel):
                 regression targets not `(B,)` (`num_labels == 1`) or `(B, C)`; multi-label targets not `(B, C)` or
                 outside [0, 1]. Integer regression and multi-label targets are converted to float.
         """
+        reads, counted = DeferredReads(), None  # labels are checked in the encoder's one host read, before it runs
+        shape = input_batch_shape(input_ids, inputs_embeds)
+        if labels is not None and shape is not None:
+            labels = check_sequence_classification_labels(
+                labels, (shape[0], self.num_labels), self.config.problem_type, reads.checks
+            )
+            if not labels.is_floating_point():  # single-label classification: a cross-entropy over class ids
+                counted = count_labelled(reads, labels != IGNORE_INDEX, kwargs)
         outputs = self.seqbert(
             input_ids,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
+            deferred_reads=reads,
             return_dict=True,
             **kwargs,
         )
         logits = self.classifier(self.dropout(outputs.pooler_output))  # (B, C)
         loss = None
         if labels is not None:
-            labels = check_sequence_classification_labels(labels, logits.shape, self.config.problem_type)
-            divisor = loss_divisor(labels, kwargs.pop("num_items_in_batch", None))  # single-label only
+            divisor = loss_divisor(  # single-label only
+                labels, kwargs.pop("num_items_in_batch", None), labelled=read_count(reads, counted)
+            )
             # In float32: half-precision logits would overflow MSE (or lose precision in the softmax) at large values.
             loss = self.loss_function(labels, logits.float(), self.config, num_items_in_batch=divisor, **kwargs)
         return SequenceClassifierOutput(
@@ -1397,20 +1463,27 @@ class SeqBertForTokenClassification(SeqBertPreTrainedModel):
         ids in `[0, num_labels)`, -100 where no loss is taken. Returns `TokenClassifierOutput` with `logits`
         (B, L, C) and the cross-entropy `loss` when `labels` are given (0.0 when all are -100, see `loss_divisor`).
         """
+        reads, counted = DeferredReads(), None  # labels are checked in the encoder's one host read, before it runs
+        shape = input_batch_shape(input_ids, inputs_embeds)
+        if labels is not None and shape is not None:
+            labels = check_labels(
+                "labels", labels, (*shape, self.num_labels), self.num_labels, "num_labels", True, reads.checks
+            )
+            counted = count_labelled(reads, labels != IGNORE_INDEX, kwargs)
         outputs = self.seqbert(
             input_ids,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
+            deferred_reads=reads,
             return_dict=True,
             **kwargs,
         )
         logits = self.classifier(self.dropout(outputs.last_hidden_state))  # (B, L, C)
         loss = None
         if labels is not None:
-            labels = check_labels("labels", labels, logits.shape, self.config.num_labels, "num_labels")
-            divisor = loss_divisor(labels, kwargs.pop("num_items_in_batch", None))
+            divisor = loss_divisor(labels, kwargs.pop("num_items_in_batch", None), labelled=read_count(reads, counted))
             loss = self.loss_function(logits, labels, self.config, num_items_in_batch=divisor, **kwargs)  # in float32
         return TokenClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
@@ -1458,18 +1531,22 @@ class SeqBertForQuestionAnswering(SeqBertPreTrainedModel):
             TypeError, ValueError: as `SeqBertModel.forward`; only one of `start_positions` / `end_positions`;
                 positions not integer, not `(B,)`, or negative.
         """
+        reads = DeferredReads()  # the positions' values are checked in the encoder's one host read, before it runs
+        shape = input_batch_shape(input_ids, inputs_embeds)
+        if shape is not None:
+            check_answer_positions(start_positions, end_positions, shape[0], reads.checks)
         outputs = self.seqbert(
             input_ids,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
+            deferred_reads=reads,
             return_dict=True,
             **kwargs,
         )
         logits = self.qa_outputs(outputs.last_hidden_state)  # (B, L, 2)
         start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))  # 2 x (B, L)
-        check_answer_positions(start_positions, end_positions, start_logits.shape[0])
         loss = None
         if start_positions is not None:
             # BERT's loss: positions beyond the sequence are clamped to L and ignored; the mean of the two sides.
@@ -1530,20 +1607,29 @@ class SeqBertForMultipleChoice(SeqBertPreTrainedModel):
             # (B, num_choices, ...) -> (B * num_choices, ...)
             return None if t is None else t.reshape(-1, *t.shape[t.dim() - trailing :])
 
+        reads, counted = DeferredReads(), None  # labels are checked in the encoder's one host read, before it runs
+        if labels is not None:
+            batch_size = (input_ids if input_ids is not None else inputs_embeds).shape[0]
+            labels = check_labels(
+                "labels", labels, (batch_size, num_choices), num_choices, "num_choices", True, reads.checks
+            )
+            counted = count_labelled(reads, labels != IGNORE_INDEX, {})
         outputs = self.seqbert(
             flat(input_ids, 1),
             attention_mask=flat(attention_mask, 1),
             token_type_ids=flat(token_type_ids, 1),
             position_ids=flat(position_ids, 1),
             inputs_embeds=flat(inputs_embeds, 2),
+            deferred_reads=reads,
             return_dict=True,
             **kwargs,
         )
         logits = self.classifier(self.dropout(outputs.pooler_output)).view(-1, num_choices)  # (B, num_choices)
         loss = None
         if labels is not None:
-            labels = check_labels("labels", labels, logits.shape, num_choices, "num_choices")
-            loss = fixed_cross_entropy(logits.float(), labels, loss_divisor(labels))
+            loss = fixed_cross_entropy(
+                logits.float(), labels, loss_divisor(labels, labelled=read_count(reads, counted))
+            )
         return MultipleChoiceModelOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
