@@ -5,6 +5,7 @@ import copy
 import functools
 import itertools
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -38,7 +39,10 @@ from transformers import (
 )
 
 import seqbert
+from seqbert import attention_backends
+from seqbert.attention_backends import UnpaddedBatch
 from seqbert.data import minilm_checkpoint_path, rotten_tomatoes_path
+from seqbert.input_checks import DeferredReads
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -271,7 +275,55 @@ def sdpa_and_eager_pair(config, model_class=seqbert.SeqBertModel):
 def unpadded_layout(model, inputs: dict, **kwargs):
     """The `UnpaddedBatch` that `model`'s forward would take on `inputs` (`input_ids`, `attention_mask`; per-layer
     output requests in `kwargs`), or None for the padded path."""
-    return model._unpadded_batch(inputs["input_ids"], None, inputs["attention_mask"], None, [], kwargs)[0]
+    reads = DeferredReads()
+    return model._unpadded_batch(inputs["input_ids"], None, inputs["attention_mask"], None, reads, kwargs)[0]
+
+
+def flash_keep_probability(p: float) -> float:
+    """The probability that torch's flash-attention kernel keeps an attention weight at dropout `p`: it compares an
+    8-bit random number with floor((1 - p) x 255) (flash-attn's `p_dropout_in_uint8_t`, which torch's copy keeps), so
+    it keeps (floor((1 - p) x 255) + 1) / 256 of them, 0.8984 at p = 0.1, while it scales kept weights by 1 / (1 - p)."""
+    return (math.floor((1 - p) * 255) + 1) / 256
+
+
+def check_attention_dropout(device, dtype, p: float, sequences: int, keep: float | None = None, length: int = 64):
+    """
+    Attention dropout of the variable-length path (`attention_backends.varlen_attention_forward`), checked by its
+    statistics: `sequences` sequences of `length` tokens, 4 heads, queries and keys zero (every weight 1 / length) and
+    each key's value one-hot at its own position, so that the output of query t, head h, column k is the weight of key
+    k after dropout: 0 where dropped, 1 / (length (1 - p)) where kept ("Dropout", Srivastava et al. 2014: kept units
+    scaled by 1 / (1 - p)). `keep` is the probability the kernel keeps a weight (1 - p unless it quantizes it, see
+    `flash_keep_probability`). Asserts:
+
+    - the dropped fraction is 1 - `keep` within 6 binomial standard deviations, and every kept weight is
+      1 / (length (1 - p)) to the dtype's rounding;
+    - the expectation: the mean of length x output is `keep` / (1 - p) (1 when `keep` is 1 - p) within 6 standard
+      deviations;
+    - backward sees the forward's mask: for the loss sum(output * G), the gradient of the values is the weights after
+      dropout, transposed, times G: what the forward's output gives, to the dtype's rounding.
+    """
+    keep = 1 - p if keep is None else keep
+    heads, total = 4, sequences * length
+    unpadded = UnpaddedBatch.from_mask(torch.ones(sequences, length, dtype=torch.bool, device=device))
+    zeros = torch.zeros(total, heads, length, device=device, dtype=dtype)  # D = length
+    one_hot = torch.eye(length, device=device, dtype=dtype).repeat(sequences, 1)  # (T, D): token t -> its position
+    value = one_hot[:, None, :].expand(total, heads, length).contiguous().requires_grad_()
+    output = attention_backends.varlen_attention_forward(zeros, zeros.clone(), value, unpadded, dropout=p)
+    weights = output.detach().float()  # (T, N, length): weight of key k for query t, head h, within its sequence
+    samples = weights.numel()
+    dropped = (weights == 0).float().mean().item()
+    assert abs(dropped - (1 - keep)) <= 6 * (keep * (1 - keep) / samples) ** 0.5, (dropped, 1 - keep)
+    kept = weights[weights != 0]
+    step = torch.finfo(dtype).eps
+    assert torch.allclose(kept, torch.full_like(kept, 1 / (length * (1 - p))), rtol=2 * step, atol=0), kept.unique()
+    mean = (weights * length).mean().item()
+    assert abs(mean - keep / (1 - p)) <= 6 * (keep * (1 - keep) / samples) ** 0.5 / (1 - p), mean
+    gradient = torch.randn(output.shape, generator=torch.Generator().manual_seed(0)).to(device, dtype)
+    (output * gradient).sum().backward()
+    per_sequence = (x.float().view(sequences, length, heads, length).transpose(1, 2) for x in (weights, gradient))
+    expected = torch.einsum("snqk,snqd->sknd", *per_sequence).reshape(total, heads, length)  # sum over queries
+    scale = expected.abs().max().item()
+    assert (value.grad.float() - expected).abs().max().item() <= 8 * step * scale * length**0.5
 
 
 def bert_base_width_config(**kwargs) -> BertConfig:

@@ -1,7 +1,9 @@
 """SeqBERT on a CUDA GPU: BERT's numbers in fp32, fp16 and bf16 (the unpadded path, variable-length attention in half
 precision, and eager), finite fully padded rows, the variable-length kernel and sdpa's kernels against the math
-kernel, packed rows, one host sync per forward, gradients and a training step under bf16 autocast, torch.compile with
-static-cache generation, the main job on the GPU and `torchrun` over every GPU present. The weights are seeded
+kernel, packed rows, one host sync per forward, attention dropout inside the kernel (its statistics, the mask backward
+sees, p = 0 against `varlen_attn`, determinism, gradient checkpointing), no more host syncs than BERT in a `Trainer`
+step, gradients and a training step under bf16 autocast, torch.compile with static-cache generation, the main job on
+the GPU and `torchrun` over every GPU present. The weights are seeded
 bert-base-width BERT checkpoints (4 layers), the inputs real Rotten Tomatoes snippets.
 
 Half-precision tolerances are not fixed numbers: SeqBERT may differ from BERT by at most twice what BERT's own eager
@@ -22,7 +24,13 @@ import warnings
 
 import pytest
 import torch
-from conftest import SCRIPT_PATHS, bert_base_width_config, unpadded_layout
+from conftest import (
+    SCRIPT_PATHS,
+    bert_base_width_config,
+    check_attention_dropout,
+    flash_keep_probability,
+    unpadded_layout,
+)
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import BertForMaskedLM, BertModel, DataCollatorWithFlattening
 
@@ -138,6 +146,121 @@ def test_half_precision_takes_the_variable_length_kernel_with_one_sync(bert_fold
                 torch.cuda.set_sync_debug_mode("default")
     syncs = [w for w in caught if "synchroniz" in str(w.message)]
     assert len(syncs) <= 1, [str(w.message) for w in syncs]
+
+
+def _needs_the_flash_kernel():
+    if seqbert.attention_backends.flash_attention_forward is None:
+        pytest.skip(
+            "this torch's aten._flash_attention_forward has another schema: training lays tokens out per sequence"
+        )
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("flash-attention needs compute capability 8.0 or newer")
+
+
+def test_attention_dropout_in_the_kernel_statistically():
+    """torch's flash kernel through `varlen_attention_forward` at p = 0.1, fp16 (`conftest.check_attention_dropout`):
+    the dropped fraction, every kept weight scaled by 1 / (1 - p), the expectation, and the same mask in backward.
+    The kernel keeps a weight with probability (floor(0.9 x 255) + 1) / 256 = 0.8984, not 0.9 (it compares 8-bit
+    random numbers, `flash_keep_probability`), so it drops 10.16 % and the output's expectation is 0.998 times the
+    undropped one: what the check expects, and what flash-attn does too."""
+    _needs_the_flash_kernel()
+    keep = flash_keep_probability(0.1)
+    check_attention_dropout(torch.device("cuda"), torch.float16, 0.1, sequences=64, keep=keep)
+
+
+def test_the_kernel_without_dropout_equals_varlen_attn():
+    """Inference calls `aten._flash_attention_forward` with p = 0 directly, one launch fewer a layer than
+    `varlen_attn` (which adds a `torch.zeros` for its random state): the same kernel, so the same bits."""
+    _needs_the_flash_kernel()
+    from torch.nn.attention.varlen import varlen_attn
+
+    mask = torch.arange(40, device="cuda")[None, :] < torch.tensor([[40], [17], [33], [1]], device="cuda")
+    unpadded = seqbert.attention_backends.UnpaddedBatch.from_mask(mask, attention_layout=False)
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    query, key, value = (
+        torch.randn(unpadded.num_tokens, 12, 64, device="cuda", generator=generator, dtype=torch.bfloat16)
+        for _ in range(3)
+    )
+    got = seqbert.attention_backends.varlen_attention_forward(query, key, value, unpadded, 0.0, 64**-0.5)
+    cu_seqlens, longest = unpadded.cu_seqlens, unpadded.max_seqlen
+    assert torch.equal(got, varlen_attn(query, key, value, cu_seqlens, cu_seqlens, longest, longest))
+
+
+def _classifier_step(model, batch, labels, autocast: bool = True) -> tuple[float, torch.Tensor]:
+    """One bf16-autocast training step's loss and the flattened gradients (dropout as configured)."""
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+        loss = model(**batch, labels=labels).loss
+    loss.backward()
+    return loss.item(), torch.cat([p.grad.flatten().float() for p in model.parameters() if p.grad is not None])
+
+
+def test_deterministic_algorithms_give_two_equal_training_steps(bert_folder, batch, monkeypatch):
+    """Under `torch.use_deterministic_algorithms(True)` two training steps from the same seed, with BERT's dropout in
+    attention and hidden states, give equal losses and gradients (cuBLAS needs `CUBLAS_WORKSPACE_CONFIG` then)."""
+    _needs_the_flash_kernel()
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    model = seqbert.SeqBertForSequenceClassification.from_bert_pretrained(bert_folder, num_labels=2).cuda().train()
+    labels = torch.arange(batch["input_ids"].shape[0], device="cuda") % 2
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        assert unpadded_layout(model.seqbert, batch).varlen  # training with dropout takes the kernel
+    torch.use_deterministic_algorithms(True)
+    try:
+        runs = []
+        for _ in range(2):
+            torch.manual_seed(0)
+            runs.append(_classifier_step(model, batch, labels))
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert runs[0][0] == runs[1][0] and torch.equal(runs[0][1], runs[1][1])
+
+
+def test_gradient_checkpointing_redraws_the_same_attention_dropout(bert_folder, batch):
+    """With gradient checkpointing, each layer's forward runs again in backward under the random state it first ran
+    with, so the kernel draws the same dropout: loss and gradients equal those of the step without it."""
+    _needs_the_flash_kernel()
+    model = seqbert.SeqBertForSequenceClassification.from_bert_pretrained(bert_folder, num_labels=2).cuda().train()
+    labels = torch.arange(batch["input_ids"].shape[0], device="cuda") % 2
+    torch.manual_seed(0)
+    plain = _classifier_step(model, batch, labels)
+    model.gradient_checkpointing_enable()
+    torch.manual_seed(0)
+    checkpointed = _classifier_step(model, batch, labels)
+    model.gradient_checkpointing_disable()
+    assert abs(plain[0] - checkpointed[0]) <= 1e-3 * abs(plain[0])
+    assert ((plain[1] - checkpointed[1]).norm() / plain[1].norm()).item() <= 1e-2
+
+
+def test_a_trainer_step_makes_no_more_host_syncs_than_berts(bert_folder, tokenizer, rt_texts, tmp_path):
+    """Two `Trainer` steps (bf16, labels, BERT's dropout) of seqbert and of `BertForSequenceClassification` under
+    `torch.cuda.set_sync_debug_mode("warn")`: Trainer adds its own syncs (loss logging, gradient norm), the same for
+    both; seqbert adds none beyond BERT's."""
+    _needs_the_flash_kernel()
+    from transformers import BertForSequenceClassification, DataCollatorWithPadding, Trainer, TrainingArguments
+
+    features = [
+        {**tokenizer(text, truncation=True, max_length=128), "labels": i % 2} for i, text in enumerate(rt_texts[:64])
+    ]
+    syncs = {}
+    for name, load in (
+        ("bert", lambda: BertForSequenceClassification.from_pretrained(bert_folder, num_labels=2)),
+        ("seqbert", lambda: seqbert.SeqBertForSequenceClassification.from_bert_pretrained(bert_folder, num_labels=2)),
+    ):
+        torch.manual_seed(0)
+        arguments = TrainingArguments(
+            output_dir=str(tmp_path / name), per_device_train_batch_size=32, max_steps=2, bf16=True,
+            logging_steps=1, save_strategy="no", report_to=[], dataloader_num_workers=0,
+        )  # fmt: skip
+        trainer = Trainer(load(), arguments, train_dataset=features, data_collator=DataCollatorWithPadding(tokenizer))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                trainer.train()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        syncs[name] = sum("synchroniz" in str(w.message) for w in caught)
+    assert syncs["seqbert"] <= syncs["bert"], syncs
 
 
 def test_gradients_under_bf16_autocast_track_fp32_like_berts(bert_folder, batch):
