@@ -40,8 +40,8 @@ goes on):
   10 forwards);
 - `training`: forward + backward + `torch.optim.AdamW(fused=True)` step + `zero_grad`, under
   `torch.autocast("cuda", dtype=torch.bfloat16)`, fp32 weights, at batch 32 and 128, for each `--attention_dropout`
-  (BERT's default 0.1, and 0.0, where seqbert's variable-length flash kernel, which has no dropout, can run; hidden
-  dropout stays BERT's 0.1): sequence classification (both models get the padded batch) and token classification
+  (BERT's default 0.1, drawn inside seqbert's variable-length flash kernel, and 0.0; hidden dropout stays BERT's
+  0.1): sequence classification (both models get the padded batch) and token classification
   (9 seeded random labels per token; seqbert gets the same examples packed into one row by
   `DataCollatorWithFlattening`, BERT the padded batch of `DataCollatorForTokenClassification`). Real tokens per second,
   the ratio, each model's configured dropout, and its peak memory: `torch.cuda.max_memory_allocated()` over its first
