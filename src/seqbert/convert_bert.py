@@ -325,6 +325,7 @@ def non_finite_weights_error(model: torch.nn.Module, where: str) -> OSError | No
     """
     An `OSError` naming the parameters of a just-loaded `model` that hold NaN, infinite or implausibly large values
     (magnitude above `MAX_WEIGHT_MAGNITUDE`), or `None` when all are fine (or on the meta device, not loaded yet).
+    Quantized weights (tensor subclasses of torchao or quanto) are checked through their dequantized values.
     A released or saved checkpoint never holds such values: they mean a damaged weights file (safetensors files carry
     no checksum, so a bit flipped inside the tensor data shows only through the value it makes; smaller changes cannot
     be detected) or a checkpoint saved after training diverged. Loading it would only give NaN outputs later. One host
@@ -336,6 +337,14 @@ def non_finite_weights_error(model: torch.nn.Module, where: str) -> OSError | No
     """
     by_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
     for name, tensor in model.named_parameters():
+        if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+            # A quantizer's tensor subclass (torchao's Int8Tensor, quanto's QTensor), which may implement no `abs`:
+            # checked through the float values it stands for. One that cannot give them back is not checked here; a
+            # quantizer writes its weights from finite ones (bitsandbytes' Int8Params is a plain int8 parameter).
+            try:
+                tensor = tensor.dequantize()
+            except (AttributeError, NotImplementedError, RuntimeError, TypeError):
+                continue
         if tensor.is_floating_point() and tensor.device.type != "meta":
             by_device.setdefault(tensor.device, []).append((name, tensor))
     bad = []
