@@ -80,6 +80,59 @@ def test_encoder_decoder_model_converts_exactly(request, checkpoint, pairs, toke
         assert torch.equal(model.generate(**source, max_new_tokens=16, **generation), expected), generation
 
 
+# The parity contract of BERT's classes (docs/testing.md): BERT2BERT's encoder sums its products over the padded batch,
+# SeqBERT's over the real tokens. Measured 0.0 here (2026-11-26, AMD EPYC Zen 4).
+PARITY = 1e-5
+
+
+@pytest.mark.parametrize("padding", ["-100", "pad token"])
+def test_labels_give_bert2berts_loss_and_logits_however_they_are_padded(minilm_bert2bert, tokenizer, rt_texts, padding):
+    """Given `labels` and no `decoder_attention_mask`, the decoder's mask is what `EncoderDecoderModel` builds from
+    the decoder inputs (`!= pad_token_id`): labels padded with -100 (DataCollatorForSeq2Seq's default) or with the
+    pad token (a tokenizer's `input_ids` used as they are) give BERT2BERT's loss and logits."""
+    source = tokenizer(rt_texts[:6], padding=True, return_tensors="pt")
+    target = tokenizer(rt_texts[6:12], padding=True, return_tensors="pt")
+    labels = target.input_ids  # padded with the pad token
+    if padding == "-100":
+        labels = labels.masked_fill(target.attention_mask == 0, -100)
+    reference = EncoderDecoderModel.from_pretrained(minilm_bert2bert).eval()
+    model = seqbert.SeqBertForConditionalGeneration.from_bert_pretrained(minilm_bert2bert).eval()
+    with torch.no_grad():
+        expected, got = reference(**source, labels=labels), model(**source, labels=labels)
+    assert (got.logits - expected.logits).abs().max().item() <= PARITY
+    assert abs(got.loss.item() - expected.loss.item()) <= PARITY
+
+
+def test_seq2seq_trainer_gives_bert2berts_losses_with_pad_token_labels(minilm_bert2bert, tokenizer, rt_texts, tmp_path):
+    """Two `Seq2SeqTrainer` steps on labels padded with the pad token (`DataCollatorForSeq2Seq(label_pad_token_id=
+    pad)`), dropout off in both models (BERT draws its masks over padding, SeqBERT's encoder over real tokens)."""
+    from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+    features = [
+        {"input_ids": tokenizer(source)["input_ids"], "labels": tokenizer(target)["input_ids"]}
+        for source, target in zip(rt_texts[:8], rt_texts[8:16], strict=True)
+    ]
+    no_dropout = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    config = EncoderDecoderConfig.from_pretrained(minilm_bert2bert)
+    for side in (config.encoder, config.decoder):
+        side.update(no_dropout)
+    losses = {}
+    for name, model in (
+        ("bert2bert", EncoderDecoderModel.from_pretrained(minilm_bert2bert, config=config)),
+        ("seqbert", seqbert.SeqBertForConditionalGeneration.from_bert_pretrained(minilm_bert2bert, **no_dropout)),
+    ):
+        arguments = Seq2SeqTrainingArguments(
+            output_dir=str(tmp_path / name), per_device_train_batch_size=4, max_steps=2, logging_steps=1,
+            save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, seed=0,
+        )  # fmt: skip
+        collator = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=tokenizer.pad_token_id)
+        trainer = Seq2SeqTrainer(model, arguments, train_dataset=features, data_collator=collator)
+        trainer.train()
+        losses[name] = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert len(losses["seqbert"]) == 2
+    assert losses["seqbert"] == pytest.approx(losses["bert2bert"], abs=PARITY), losses
+
+
 CROSS_ATTENTION_NAMES = (
     "cross_attention.query.weight", "cross_attention.query.bias", "cross_attention.key.weight",
     "cross_attention.key.bias", "cross_attention.value.weight", "cross_attention.value.bias",

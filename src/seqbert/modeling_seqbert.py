@@ -1901,7 +1901,8 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
             decoder_input_ids (`torch.LongTensor` of shape `(B, T)`, *optional*): decoder inputs; built from `labels`
                 (shifted right behind `decoder_start_token_id`) when omitted.
             decoder_attention_mask (`torch.Tensor` of shape `(B, T)`, *optional*): 1 for real decoder tokens; built
-                from `labels` with the decoder inputs (0 where the input came from an ignored label).
+                with the decoder inputs from `labels` as `EncoderDecoderModel` builds it: 0 where the decoder input is
+                `pad_token_id` (an ignored -100 label, or a label padded with the pad token), 1 elsewhere.
             encoder_outputs (`BaseModelOutput` or tuple, *optional*): a precomputed encoder output (generation).
             past_key_values (`EncoderDecoderCache`, *optional*): decoder cache from a previous step (`cache` under
                 the name transformers >= 5.24 passes it by).
@@ -1928,9 +1929,9 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
                 if decoder_attention_mask is None:
-                    # Inputs that came from ignored (-100) labels are padding: no position attends to them.
-                    decoder_attention_mask = torch.ones_like(labels)
-                    decoder_attention_mask[:, 1:] = labels[:, :-1] != -100
+                    # EncoderDecoderModel's rule (BERT2BERT): no position attends to a pad-token input, whether it came
+                    # from an ignored (-100) label or from a label that is the pad token itself.
+                    decoder_attention_mask = (decoder_input_ids != self.config.pad_token_id).long()
         if decoder_input_ids is None and decoder_inputs_embeds is None:
             raise ValueError(
                 "SeqBertForConditionalGeneration needs decoder inputs: pass labels (teacher forcing builds "
