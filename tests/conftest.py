@@ -72,21 +72,23 @@ def pytest_xdist_auto_num_workers(config) -> int:
     return max(1, min(available_cores(), MAX_WORKERS))
 
 
-# The modules that take longest, longest first (2-core runs of 2026-11-26; from an empty home folder the first three
-# build llama.cpp, optimum-intel's and transformers releases' environments, minutes each). They run first, the rest
-# after them in file order, and each worker takes the next module when it is free (`--dist loadscope
-# --no-loadscope-reorder`), so that no long module starts last and keeps one worker busy after the other is done.
+# The modules that take longest, longest first (2-core runs of 2026-11-26; from an empty home folder the optimum and
+# transformers-versions modules build optimum-intel's and transformers releases' environments, a minute or more each;
+# llama.cpp's, from a prebuilt wheel, takes about 25 s). They run first, the rest after them in file order, and each
+# worker takes the next module when it is free (`--dist loadscope --no-loadscope-reorder`), so that no long module
+# starts last and keeps one worker busy after the other is done.
 SLOWEST_MODULES = (
-    "test_llama_cpp.py",
     "test_pretraining.py",
     "test_optimum_export.py",
     "test_transformers_versions.py",
     "test_script_errors.py",
-    "test_hub.py",
+    "test_export.py",
+    "test_transformers_common.py",
     "test_resume.py",
     "test_distributed.py",
-    "test_transformers_common.py",
-    "test_export.py",
+    "test_hub.py",
+    "test_clients.py",
+    "test_llama_cpp.py",
 )
 
 
@@ -172,6 +174,22 @@ def package_index_reachable() -> bool:
     command = [sys.executable, "-m", "pip", "index", "versions", "pip", "--retries", "0", "--timeout", "10"]
     command += ["--disable-pip-version-check"]
     return subprocess.run(command, capture_output=True, text=True).returncode == 0
+
+
+# What other packages log to stderr when transformers imports them, in every process that loads a model (the test
+# extra installs them: docs/index.md, "Works with"): torchao 0.18 on a CPU build of torch, whose CUDA extensions do
+# not load and whose Enum registrations torch 2.13 deprecates, and bitsandbytes 0.50 without the `kernels` package.
+THIRD_PARTY_IMPORT_NOISE = (
+    "torchao/_C_",
+    "Calling register_constant() on Enum subclasses is deprecated",
+    "gemm_4bit_forward from kernels-community",
+)
+
+
+def own_lines(stderr: str) -> list[str]:
+    """The lines of a script's `stderr` that are its own: without what other packages log on import
+    (`THIRD_PARTY_IMPORT_NOISE`)."""
+    return [line for line in stderr.splitlines() if not any(noise in line for noise in THIRD_PARTY_IMPORT_NOISE)]
 
 
 def skip_module_without_package_index(what: str, fill: str) -> None:

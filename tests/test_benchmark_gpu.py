@@ -13,7 +13,7 @@ import sys
 import benchmark_gpu  # noqa: E402  (scripts/benchmarks, on sys.path by conftest)
 import pytest
 import torch
-from conftest import ROOT, SCRIPT_PATHS, TINY
+from conftest import ROOT, SCRIPT_PATHS, TINY, own_lines
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import BertConfig, BertModel
 
@@ -27,8 +27,8 @@ SCRIPT = SCRIPT_PATHS["benchmark_gpu.py"]
 def test_without_cuda_the_command_refuses_in_one_line_and_writes_nothing(tmp_path):
     result = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 2, result.stderr
-    assert len(result.stderr.splitlines()) == 1, result.stderr
-    line = result.stderr.strip()
+    assert len(own_lines(result.stderr)) == 1, result.stderr
+    (line,) = own_lines(result.stderr)
     assert line.startswith("benchmark_gpu.py: error: this benchmark needs a CUDA GPU"), line
     assert f"torch.cuda.is_available() is False on this machine (torch {torch.__version__}" in line
     assert result.stdout == ""
