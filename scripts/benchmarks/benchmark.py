@@ -16,8 +16,10 @@ Inference (`torch.inference_mode`), at each of `--threads` (every engine alike),
   eager model) and `seqbert.optimize_for_cpu_inference` of it; at the precision users get by default, OpenVINO with
   no precision hint (bf16 on CPUs with AVX512_BF16 or AMX), `BertModel` in bf16 and
   `optimize_for_cpu_inference(model, dtype=torch.bfloat16)` (the two bf16 torch engines only where oneDNN runs bf16,
-  AVX-512 CPUs); in int8, onnxruntime's dynamic quantization of the fused graph, CTranslate2's int8 and
-  `optimize_for_cpu_inference(model, int8=True)`. Each engine gets its own form of every batch before the clock
+  AVX-512 CPUs); in int8, onnxruntime's dynamic quantization of the fused graph, CTranslate2's int8, torchao's int8
+  recipes applied to `SeqBertModel` by transformers' quantizer (`from_pretrained(folder,
+  quantization_config=TorchAoConfig(Int8WeightOnlyConfig()))`, and `Int8DynamicActivationInt8WeightConfig()`; where
+  torchao is installed, `pip install torchao`) and `optimize_for_cpu_inference(model, int8=True)`. Each engine gets its own form of every batch before the clock
   starts (CTranslate2 ragged id lists, numpy arrays for onnxruntime and OpenVINO). Every row records the CPU's ISA
   (torch's capability, AVX512_BF16, AMX) and every engine the precision it ran, read back from OpenVINO;
 - models: MiniLM-L6 (real weights) and a seeded bert-base-width model with 4 layers;
@@ -74,6 +76,7 @@ from transformers import (
     DataCollatorForSeq2Seq,
     DataCollatorWithPadding,
     EncoderDecoderModel,
+    TorchAoConfig,
     Trainer,
     TrainingArguments,
 )
@@ -127,7 +130,10 @@ FP32_ENGINES = (
 # What users get without choosing a precision (OpenVINO's CPU default: bf16 where the CPU has AVX512_BF16 or AMX),
 # and the bf16 contenders. CTranslate2 has no bf16 on the CPU.
 BF16_ENGINES = ("transformers_bf16", "openvino_default", "seqbert_optimized_bf16")
-INT8_ENGINES = ("onnxruntime_int8", "ctranslate2_int8", "seqbert_optimized_int8")
+# torchao's int8 recipes applied to SeqBERT by transformers' quantizer (`TorchAoConfig`), what a user with a torchao
+# recipe runs: int8 weights with fp32 activations, and int8 dynamic activations with int8 weights.
+TORCHAO_ENGINES = tuple(f"seqbert_{name}" for name in benchmark_engines.torchao_recipes())
+INT8_ENGINES = ("onnxruntime_int8", "ctranslate2_int8", *TORCHAO_ENGINES, "seqbert_optimized_int8")
 INFERENCE_ENGINES = FP32_ENGINES + BF16_ENGINES + INT8_ENGINES
 # seqbert's engine that each group's ratios are taken for.
 OURS = {"fp32": "seqbert_optimized", "bf16": "seqbert_optimized_bf16", "int8": "seqbert_optimized_int8"}
@@ -319,6 +325,12 @@ def inference_rows(
         "nested_tensor": (benchmark_engines.NestedTensorBert(bert), "fp32"),
         "seqbert": (model, "fp32"),
     } | optimized
+    recipes = benchmark_engines.torchao_recipes()  # empty without torchao (pip install torchao): no torchao rows
+    if recipes:
+        model.save_pretrained(folder / "seqbert")
+    for name, recipe in recipes.items():
+        quantized = seqbert.SeqBertModel.from_pretrained(folder / "seqbert", quantization_config=TorchAoConfig(recipe))
+        modules[f"seqbert_{name}"] = (quantized.eval(), "int8")
     if bf16_linear_available():  # torch's bf16 oneDNN linear needs AVX-512; without it the bf16 rows are left out
         modules["transformers_bf16"] = (BertModel.from_pretrained(bert_folder, dtype=torch.bfloat16).eval(), "bf16")
         modules["seqbert_optimized_bf16"] = (seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16), "bf16")

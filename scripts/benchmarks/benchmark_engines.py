@@ -45,6 +45,7 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 from onnxruntime.transformers.optimizer import optimize_model
 from torch import nn
 from transformers import BertModel
+from transformers.utils import is_torchao_available
 
 
 @dataclass
@@ -174,6 +175,20 @@ def onnxruntime_engine(path: Path, threads: int, precision: str = "fp32") -> Eng
         return lambda: session.run(None, feed)
 
     return Engine(prepare, lambda output, batch: torch.from_numpy(output[0]), precision)
+
+
+def torchao_recipes() -> dict:
+    """torchao's int8 recipes a user with a torchao recipe applies through transformers' `TorchAoConfig`, by row name:
+    int8 weight-only, then int8 dynamic activations with int8 weights (per-token activation scales, per-channel weight
+    scales). Empty where torchao is not installed (`pip install torchao`)."""
+    if not is_torchao_available():
+        return {}
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig
+
+    return {
+        "torchao_int8_weight_only": Int8WeightOnlyConfig(),
+        "torchao_int8_dynamic": Int8DynamicActivationInt8WeightConfig(),
+    }
 
 
 def torch_engine(model: nn.Module, precision: str = "fp32") -> Engine:

@@ -2,8 +2,10 @@
 """What int8 and bf16 cost a fine-tuned SeqBERT classifier: accuracy, agreement with fp32 and speed of the saved fp32
 model and of `seqbert.optimize_for_cpu_inference(model, int8=True)` (int8 encoder linear layers on oneDNN's int8
 operators) and `optimize_for_cpu_inference(model, dtype=torch.bfloat16)` (bf16 encoder layers; on CPUs where oneDNN
-runs bf16, AVX-512 ones), next to the fp32 `optimize_for_cpu_inference(model)`, on the 2,000 held-out Rotten Tomatoes
-snippets (offline). About 1 minute on 2 CPU cores.
+runs bf16, AVX-512 ones), next to the fp32 `optimize_for_cpu_inference(model)` and to torchao's int8 recipes loaded
+by transformers' quantizer (`from_pretrained(folder, quantization_config=TorchAoConfig(...))`: int8 weight-only, and
+int8 dynamic activations with int8 weights; where torchao is installed), on the 2,000 held-out Rotten Tomatoes
+snippets (offline). About 3 minutes on 2 CPU cores.
 
     python scripts/examples/run_classification.py --output_dir runs/rt_minilm
     python scripts/benchmarks/evaluate_int8.py --model_dir runs/rt_minilm [--json_file int8.json]
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import evaluate
 import torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, TorchAoConfig
 
 import seqbert
 from seqbert.cpu_inference import bf16_linear_available
@@ -33,7 +35,8 @@ from seqbert.script_utils import ScriptInputError, parse_arguments, run_cli, scr
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from interleaved_timing import interleave, median_and_spread  # noqa: E402  (next to this script)
+from benchmark_engines import torchao_recipes  # noqa: E402  (next to this script)
+from interleaved_timing import interleave, median_and_spread  # noqa: E402
 
 
 @dataclass
@@ -87,6 +90,11 @@ def main(argv: list[str] | None = None) -> dict:
     }
     if bf16_linear_available():
         models["bf16"] = seqbert.optimize_for_cpu_inference(fp32, dtype=torch.bfloat16)
+    for name, recipe in torchao_recipes().items():
+        quantization = TorchAoConfig(recipe)
+        models[name] = AutoModelForSequenceClassification.from_pretrained(
+            args.model_dir, quantization_config=quantization
+        ).eval()
     logits = {name: torch.cat([model(**batch).logits for batch in batches]) for name, model in models.items()}
     seconds = interleave(
         {name: (lambda model=model: [model(**batch) for batch in batches]) for name, model in models.items()},
@@ -105,12 +113,14 @@ def main(argv: list[str] | None = None) -> dict:
     results["max_abs_logit_delta"] = (logits["fp32"] - logits["int8"]).abs().max().item()
     results["int8_speedup"] = results["fp32"]["seconds"] / results["int8"]["seconds"]
     results["int8_speedup_over_fp32_optimized"] = results["fp32_optimized"]["seconds"] / results["int8"]["seconds"]
-    if "bf16" in models:
-        results["bf16"].update(
-            accuracy_change_points=100 * (results["bf16"]["accuracy"] - results["fp32"]["accuracy"]),
-            same_prediction=(logits["fp32"].argmax(-1) == logits["bf16"].argmax(-1)).float().mean().item(),
-            max_abs_logit_delta=(logits["fp32"] - logits["bf16"]).abs().max().item(),
-            speedup_over_fp32_optimized=results["fp32_optimized"]["seconds"] / results["bf16"]["seconds"],
+    for name in ("bf16", *torchao_recipes()):
+        if name not in models:
+            continue
+        results[name].update(
+            accuracy_change_points=100 * (results[name]["accuracy"] - results["fp32"]["accuracy"]),
+            same_prediction=(logits["fp32"].argmax(-1) == logits[name].argmax(-1)).float().mean().item(),
+            max_abs_logit_delta=(logits["fp32"] - logits[name]).abs().max().item(),
+            speedup_over_fp32_optimized=results["fp32_optimized"]["seconds"] / results[name]["seconds"],
         )
     print(
         f"{len(snippets)} snippets, {results['threads']} threads, medians of {args.repeats}:\n"
@@ -122,12 +132,14 @@ def main(argv: list[str] | None = None) -> dict:
         f"  accuracy change {results['accuracy_change_points']:+.2f} points; same prediction on "
         f"{100 * results['same_prediction']:.1f} % of snippets; max |logit delta| {results['max_abs_logit_delta']:.3f}"
     )
-    if "bf16" in models:
-        bf16 = results["bf16"]
+    for name in ("bf16", *torchao_recipes()):
+        if name not in models:
+            continue
+        row = results[name]
         print(
-            f"  bf16 accuracy {bf16['accuracy']:.4f} ({bf16['accuracy_change_points']:+.2f} points), "
-            f"{bf16['seconds']:.2f} s ({bf16['speedup_over_fp32_optimized']:.2f}x fp32 optimized); same prediction "
-            f"as fp32 on {100 * bf16['same_prediction']:.1f} %; max |logit delta| {bf16['max_abs_logit_delta']:.3f}"
+            f"  {name} accuracy {row['accuracy']:.4f} ({row['accuracy_change_points']:+.2f} points), "
+            f"{row['seconds']:.2f} s ({row['speedup_over_fp32_optimized']:.2f}x fp32 optimized); same prediction "
+            f"as fp32 on {100 * row['same_prediction']:.1f} %; max |logit delta| {row['max_abs_logit_delta']:.3f}"
         )
     write_json(args.json_file, results)
     return results
