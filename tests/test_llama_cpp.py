@@ -1,16 +1,16 @@
 """The llama.cpp route for SeqBERT encoders: `save_as_bert`, llama.cpp's own convert_hf_to_gguf.py, llama.cpp.
 
-llama.cpp's converter wants transformers 4.57.6 and llama.cpp is built from llama-cpp-python's sdist, so this runs in
-an environment of its own, built once by scripts/checks/check_llama_cpp.py and cached in ~/.cache/seqbert/venvs
-(without the package index these tests skip unless it is cached). There, on the real MiniLM weights and 32 real Rotten
-Tomatoes snippets, the quick checks: the f32 GGUF file of MiniLM's BERT folder is a mean-pooling `bert` model,
-llama.cpp tokenizes like the transformers tokenizer, and its embeddings and per-token hidden states match SeqBERT's.
-That save_as_bert refuses a pre-LN model in one line, writing nothing, is tested without llama.cpp in
-tests/test_export_bert.py (`test_what_bert_lacks_is_refused_in_one_line`); here the check confirms it for a saved
-pre-LN folder, where a llama.cpp user would start.
+llama.cpp's converter wants transformers 4.57.6, so this runs in an environment of its own, built once by
+scripts/checks/check_llama_cpp.py and cached in ~/.cache/seqbert/venvs: llama.cpp itself from xllamacpp's prebuilt CPU
+wheel (nothing is compiled; until 2026-11-26 llama-cpp-python was built from its sdist, 4 to 5 minutes in every fresh
+home folder), the converter from llama-cpp-python's sdist (without the package index these tests skip unless the
+environment is cached). There, on the real MiniLM weights and 32 real Rotten Tomatoes snippets, the quick checks: the
+f32 GGUF file of MiniLM's BERT folder is a mean-pooling `bert` model, llama.cpp tokenizes like the transformers
+tokenizer, and its embeddings and per-token hidden states match SeqBERT's. That save_as_bert refuses a pre-LN model in
+one line, writing nothing, is tested without llama.cpp in tests/test_export_bert.py
+(`test_what_bert_lacks_is_refused_in_one_line`); here the check confirms it for a saved pre-LN folder, where a
+llama.cpp user would start.
 """
-
-import shutil
 
 import check_environments
 import check_llama_cpp
@@ -33,14 +33,6 @@ def results(tmp_path_factory):
         skip_module_without_package_index(
             f"the {check_llama_cpp.ENVIRONMENT} environment", "python scripts/checks/check_llama_cpp.py --quick"
         )
-        if not any(shutil.which(compiler) for compiler in ("c++", "g++", "clang++")):
-            # Building llama.cpp from the sdist needs one (pip fetches CMake and Ninja itself).
-            pytest.skip(
-                f"the {check_llama_cpp.ENVIRONMENT} environment: not cached, and building llama.cpp needs a C++ "
-                "compiler, none is on PATH; install one (apt install g++) and run "
-                "`python scripts/checks/check_llama_cpp.py --quick`",
-                allow_module_level=True,
-            )
     return check_llama_cpp.check(VENV_ROOT, tmp_path_factory.mktemp("llama-cpp"), quick=True)
 
 
@@ -75,8 +67,8 @@ def test_f32_per_token_hidden_states_match_seqbert(results):
 
 def test_embeddings_are_normalized_only_when_asked(results):
     f32 = results["minilm/gguf-f32"]
-    # llama-cpp-python's embed() returns the mean-pooled vectors as they are (the GGUF file keeps no trace of the
-    # sentence-transformers Normalize module): their norms are SeqBERT's, not 1.
+    # llama.cpp's server with embd_normalize=-1 returns the mean-pooled vectors as they are (the GGUF file keeps no
+    # trace of the sentence-transformers Normalize module): their norms are SeqBERT's, not 1; its default is L2.
     for got, want in zip(f32["norms"], f32["reference_norms"], strict=True):
         assert got == pytest.approx(want, rel=1e-3)
     assert min(f32["reference_norms"]) > 1.5

@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Check the llama.cpp route for SeqBERT encoders: a post-LN SeqBERT folder written as plain BERT by
 `seqbert.export_bert.save_as_bert`, converted to GGUF by llama.cpp's own `convert_hf_to_gguf.py` and embedded by
-llama.cpp (through llama-cpp-python 0.3.36, whose sdist vendors llama.cpp, its converter and gguf-py), in a cached
-virtual environment of its own: the converter wants transformers 4.57.6. With the environment cached the default run
-takes about 25 seconds and `--quick` (what tests/test_llama_cpp.py runs) about 15 seconds on 2 CPU cores; the first run
-also downloads the sdist (77 MB) and builds llama.cpp from it, CPU only, in about 4 minutes. The environment takes
-about 320 MB of disk besides the shared torch one.
+llama.cpp itself (its server engine, through xllamacpp's prebuilt CPU wheel: nothing is compiled), in a cached virtual
+environment of its own: the converter wants transformers 4.57.6. With the environment cached the default run takes
+about 27 seconds and `--quick` (what tests/test_llama_cpp.py runs) about 16 seconds on 2 CPU cores; the first run also
+downloads xllamacpp's wheel (34 MB) and llama-cpp-python's sdist (77 MB, for the converter only, never built) and
+installs them, about 25 seconds more. The environment takes about 370 MB of disk besides the shared torch one.
 
     python scripts/checks/check_llama_cpp.py           # f32 and f16 GGUF, the converter on a SeqBERT folder
     python scripts/checks/check_llama_cpp.py --quick   # f32 GGUF only
@@ -16,23 +16,26 @@ SeqBERT folder with its sentence-transformers modules) and 32 real Rotten Tomato
 - the GGUF file: `convert_hf_to_gguf.py --outtype f32` (and, without `--quick`, `--outtype f16`) of the BERT folder
   gives a `bert` model with BERT's WordPiece vocabulary and mean pooling (read from the folder's sentence-transformers
   pooling module).
-- tokens: llama.cpp's tokenizer gives the ids the folder's transformers tokenizer gives, [CLS] and [SEP] included.
-- embeddings: `Llama(model_path, embedding=True, pooling_type=LLAMA_POOLING_TYPE_MEAN).embed(texts)` against SeqBERT's
-  last_hidden_state (eager, fp32) averaged over the real tokens: max |delta| and min cosine. llama-cpp-python returns
-  them unnormalized unless asked (`embed(normalize=True)`, the unit vectors sentence-transformers' Normalize module
-  gives, compared too); the GGUF file has no trace of that module. With `LLAMA_POOLING_TYPE_NONE`, one text at a
-  time: every token's hidden state against SeqBERT's.
+- tokens: llama.cpp's tokenizer (the server's `/tokenize`) gives the ids the folder's transformers tokenizer gives,
+  [CLS] and [SEP] included.
+- embeddings: llama.cpp's server with the GGUF file's mean pooling (`handle_embeddings`, its OpenAI-style embeddings
+  API) against SeqBERT's last_hidden_state (eager, fp32) averaged over the real tokens: max |delta| and min cosine,
+  unnormalized (`embd_normalize=-1`) and L2-normalized (its default, `embd_normalize=2`, the unit vectors
+  sentence-transformers' Normalize module gives; the GGUF file has no trace of that module). With pooling NONE (the
+  server's `/embeddings`), one text at a time: every token's hidden state against SeqBERT's.
 - refusals: `save_as_bert` refuses a pre-LN SeqBERT folder in one line and writes nothing; without `--quick`, the
   converter given a SeqBERT folder itself stops too (it knows no `SeqBertModel`).
 
 The environment lives in `--venv_root` (default `~/.cache/seqbert/venvs`, shared with the other checks' environments,
 whose torch-only environment it reaches through a `.pth` file: check_environments.py builds them) and is reused. It
-holds llama-cpp-python built from its sdist (`CMAKE_ARGS`: CPU only and tuned for the CPU at hand, so the environment
-belongs to the machine that built it), the converter's requirements (the sdist's requirements-convert_hf_to_gguf.txt,
-with the shared torch for its torch) and, under llama.cpp/, the sdist's `convert_hf_to_gguf.py`, `conversion/` and
-`gguf-py/`, so later runs need no network. SeqBERT runs here (this
-checkout's `src/`): it writes the folders and the reference tensors; the environment's worker converts, embeds and
-compares. Prints one line per check and writes the results to `--json_file`. Exit status 1 if a check fails.
+holds xllamacpp (Xorbits' Python binding of llama.cpp, a prebuilt CPU wheel compiled without -march=native, so its
+numbers are portable), the converter's requirements (llama.cpp's requirements-convert_hf_to_gguf.txt, with the shared
+torch for its torch) and, under llama.cpp/, llama-cpp-python's sdist's copy of llama.cpp's `convert_hf_to_gguf.py`,
+`conversion/` and `gguf-py/` (no wheel on PyPI carries the converter), so later runs need no network. Until
+2026-11-26 llama.cpp came from building llama-cpp-python's sdist: 4 to 5 minutes on 2 cores, in every fresh home
+folder. SeqBERT runs here (this checkout's `src/`): it writes the folders and the reference tensors; the environment's
+worker converts, embeds and compares. Prints one line per check and writes the results to `--json_file`. Exit status
+1 if a check fails.
 """
 
 import json
@@ -54,23 +57,23 @@ from safetensors.torch import load_file, save_file
 ROOT = Path(__file__).resolve().parents[2]
 
 
-LLAMA_CPP_PYTHON = "0.3.36"
-ENVIRONMENT = f"llama-cpp-python-{LLAMA_CPP_PYTHON}"
-# The sdist's vendor/llama.cpp/requirements/requirements-convert_hf_to_gguf.txt: transformers==4.57.6,
-# numpy~=2.2.6, sentencepiece>=0.1.98,<0.3.0 and protobuf>=4.21.0,<5.0.0 (those two serve other vocabularies than
-# BERT's), pinned here; its torch==2.11.0 is replaced by the shared torch, pinned so that nothing pulls a newer one
-# (with the CUDA wheels).
+XLLAMACPP = "2026.10.11549"  # llama.cpp of 2026-10-10, prebuilt
+ENVIRONMENT = f"xllamacpp-{XLLAMACPP}"
+# Where the converter comes from: the llama.cpp that llama-cpp-python's sdist vendors (downloaded, never built).
+CONVERTER_SDIST = "llama-cpp-python==0.3.36"
+# The converter's requirements (that sdist's vendor/llama.cpp/requirements/requirements-convert_hf_to_gguf.txt:
+# transformers==4.57.6, numpy~=2.2.6, sentencepiece>=0.1.98,<0.3.0 and protobuf>=4.21.0,<5.0.0, those two for other
+# vocabularies than BERT's), pinned here; its torch==2.11.0 is replaced by the shared torch, pinned so that nothing
+# pulls a newer one (with the CUDA wheels). transformers brings requests, which the worker uses for the server's
+# `/tokenize` and `/embeddings`.
 REQUIREMENTS = (
-    f"llama-cpp-python=={LLAMA_CPP_PYTHON}",  # built from the sdist, see `llama_cpp_environment`
+    f"xllamacpp=={XLLAMACPP}",
     "transformers==4.57.6",
     "numpy==2.2.6",
     "sentencepiece==0.2.1",
     "protobuf==4.25.8",
     f"torch=={torch.__version__.split('+')[0]}",
 )
-# CPU only (no CUDA, BLAS or OpenSSL), -march=native, no multimodal library (LLAVA_BUILD, llama-cpp-python's own
-# option): llama.cpp's tools, tests and examples are off already when the sdist builds it as a subproject.
-CMAKE_ARGS = "-DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_BLAS=OFF -DLLAMA_OPENSSL=OFF -DLLAVA_BUILD=OFF"
 # What the environment keeps of the sdist's vendor/llama.cpp: the converter, its model classes and gguf-py (which the
 # converter puts on its own sys.path).
 CONVERTER_FILES = ("convert_hf_to_gguf.py", "conversion", "gguf-py")
@@ -109,21 +112,22 @@ class CheckArguments:
 
 
 def _built_with() -> list[str]:
-    return [*REQUIREMENTS, f"CMAKE_ARGS={CMAKE_ARGS}"]
+    return [*REQUIREMENTS, f"converter from {CONVERTER_SDIST}"]
 
 
 def is_built(root: Path) -> bool:
-    """Whether the llama.cpp environment under `root` is built with today's `REQUIREMENTS` and `CMAKE_ARGS`
+    """Whether the llama.cpp environment under `root` is built with today's `REQUIREMENTS` and converter
     (`llama_cpp_environment` reuses it; one built with others is built again)."""
     return check_environments.is_built(root, ENVIRONMENT, _built_with())
 
 
 def _install(folder: Path) -> None:
-    """Download llama-cpp-python's sdist into the environment `folder`, keep its converter files under llama.cpp/,
-    and install it, built with `CMAKE_ARGS`, with the rest of `REQUIREMENTS` (`llama_cpp_environment`)."""
+    """Install `REQUIREMENTS` (wheels: nothing is compiled) into the environment `folder`, then download
+    `CONVERTER_SDIST` and keep its converter files under llama.cpp/ (`llama_cpp_environment`)."""
+    check_environments.run_pip(folder, "install", "--only-binary", "xllamacpp", *REQUIREMENTS)
     sdist_folder = folder / "sdist"
     check_environments.run_pip(
-        folder, "download", "--no-deps", "--no-binary", ":all:", "-d", str(sdist_folder), REQUIREMENTS[0]
+        folder, "download", "--no-deps", "--no-binary", ":all:", "-d", str(sdist_folder), CONVERTER_SDIST
     )
     (sdist,) = sdist_folder.glob("*.tar.gz")
     vendor = f"{sdist.name.removesuffix('.tar.gz')}/vendor/llama.cpp/"
@@ -136,15 +140,13 @@ def _install(folder: Path) -> None:
         for member in members:
             member.name = "llama.cpp/" + member.name[len(vendor) :]
         archive.extractall(folder, members=members, filter="data")
-    build_env = dict(os.environ, CMAKE_ARGS=CMAKE_ARGS, CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 1))
-    check_environments.run_pip(folder, "install", str(sdist), *REQUIREMENTS[1:], env=build_env)
     shutil.rmtree(sdist_folder)
 
 
 def llama_cpp_environment(root: Path, pip_args: str = "") -> Path:
     """The environment of `REQUIREMENTS` with the shared torch (`check_environments.cached_environment`), built once:
-    the converter's requirements from the package index, then llama-cpp-python's sdist, downloaded, its converter files
-    kept under llama.cpp/, and built and installed with `CMAKE_ARGS`."""
+    xllamacpp's prebuilt wheel and the converter's requirements from the package index, then llama.cpp's converter
+    files from `CONVERTER_SDIST`."""
     return check_environments.cached_environment(root, ENVIRONMENT, _install, _built_with(), pip_args)
 
 
@@ -351,9 +353,25 @@ def _first_difference(got: list[int], expected: list[int]) -> dict:
     return {"position": index, "llama.cpp": got[index : index + 5], "transformers": expected[index : index + 5]}
 
 
+def _llama_server(gguf: Path, pooling: str, normalize: int = -1):
+    """llama.cpp's server on the GGUF file, for embeddings with `pooling` ("MEAN" or "NONE") and `normalize`
+    (`embd_normalize`: -1 none, 2 L2), run in this process through xllamacpp; it also listens on a local port."""
+    import xllamacpp
+
+    params = xllamacpp.CommonParams()
+    params.model.path = str(gguf)
+    params.embedding = True
+    params.pooling_type = getattr(xllamacpp.llama_pooling_type, f"LLAMA_POOLING_TYPE_{pooling}")
+    params.embd_normalize = normalize
+    params.n_ctx = 512
+    params.n_parallel = 1
+    params.cpuparams.n_threads = os.cpu_count() or 1
+    return xllamacpp.Server(params)
+
+
 def _gguf(folder: str, outtype: str, texts: list[str], ids: list[list[int]], reference: str) -> dict:
     """Convert the BERT folder with llama.cpp's converter; llama.cpp's tokens and embeddings against SeqBERT's."""
-    from llama_cpp import LLAMA_POOLING_TYPE_MEAN, LLAMA_POOLING_TYPE_NONE, Llama
+    import requests
 
     outfile = Path(f"minilm-{outtype}.gguf").resolve()
     start = time.perf_counter()
@@ -368,20 +386,31 @@ def _gguf(folder: str, outtype: str, texts: list[str], ids: list[list[int]], ref
         "gguf_mb": outfile.stat().st_size / 2**20,
         "metadata": _gguf_metadata(outfile),
     }
-    options = dict(model_path=str(outfile), embedding=True, n_ctx=512, verbose=False)
-    mean = Llama(**options, pooling_type=LLAMA_POOLING_TYPE_MEAN)
-    tokens = [mean.tokenize(text.encode("utf-8"), add_bos=True, special=False) for text in texts]
+    pooled, normalized = [], []
+    for normalize, rows in ((-1, pooled), (2, normalized)):
+        server = _llama_server(outfile, "MEAN", normalize)
+        answer = server.handle_embeddings({"input": texts})
+        if "data" not in answer:
+            return {"error": f"llama.cpp's embeddings: {answer}"}
+        rows.extend(item["embedding"] for item in sorted(answer["data"], key=lambda item: item["index"]))
+        if normalize == -1:
+            url = server.listening_address
+            tokens = [
+                requests.post(f"{url}/tokenize", json={"content": text, "add_special": True}).json()["tokens"]
+                for text in texts
+            ]
+        del server
+    pooled, normalized = torch.tensor(pooled), torch.tensor(normalized)  # (texts, hidden)
     same = [got == want for got, want in zip(tokens, ids, strict=True)]
     mismatches = [_first_difference(got, want) for got, want in zip(tokens, ids, strict=True) if got != want]
-    pooled = torch.tensor(mean.embed(texts))  # (texts, hidden); llama-cpp-python's default: normalize=False
-    normalized = torch.tensor(mean.embed(texts, normalize=True))
-    mean.close()
-    none = Llama(**options, pooling_type=LLAMA_POOLING_TYPE_NONE)
-    # One text per call: given a list, llama-cpp-python 0.3.36 reads the tokens of the second and later texts from
-    # the wrong offset (`pos += size` counts tokens, not floats) with pooling NONE.
-    hidden = [torch.tensor(none.embed(text)) for text, ok in zip(texts, same, strict=True) if ok]  # (tokens, hidden)
-    listed = [torch.tensor(rows) for rows in none.embed(texts[:2])]
-    none.close()
+    server = _llama_server(outfile, "NONE")
+    url = server.listening_address
+    hidden = []  # (tokens, hidden) per text whose ids agree
+    for text, ok in zip(texts, same, strict=True):
+        if ok:
+            (answer,) = requests.post(f"{url}/embeddings", json={"content": text}).json()
+            hidden.append(torch.tensor(answer["embedding"]))
+    del server
 
     keep = torch.tensor(same)
     want_pooled = expected["pooled"][keep]
@@ -407,11 +436,6 @@ def _gguf(folder: str, outtype: str, texts: list[str], ids: list[list[int]], ref
         norms=[pooled.norm(dim=-1).min().item(), pooled.norm(dim=-1).max().item()],
         reference_norms=[expected["pooled"].norm(dim=-1).min().item(), expected["pooled"].norm(dim=-1).max().item()],
         normalized_norms=[normalized.norm(dim=-1).min().item(), normalized.norm(dim=-1).max().item()],
-        pooling_none_list_second_text_max_abs_delta=(
-            (listed[1] - expected["hidden.1"]).abs().max().item()
-            if listed[1].shape == expected["hidden.1"].shape
-            else None
-        ),
     )
     if not all(same):  # the end-to-end figures over every text, tokenization differences included
         result["max_abs_delta_all_texts"] = (pooled - expected["pooled"]).abs().max().item()
