@@ -413,7 +413,7 @@ def test_gradient_checkpointing_redraws_the_same_attention_dropout():
     steps = []
     with cuda_configuration(float32=True) as kernel:
         for checkpointing in (False, True):
-            fast.gradient_checkpointing_enable() if checkpointing else fast.gradient_checkpointing_disable()
+            fast.activation_checkpointing_enable() if checkpointing else fast.activation_checkpointing_disable()
             fast.zero_grad(set_to_none=True)
             torch.manual_seed(0)
             loss = fast.train()(**inputs, attention_mask=mask, labels=torch.tensor([0, 1, 1])).loss
