@@ -181,7 +181,7 @@ def test_varlen_path_on_packed_rows_and_real_weights(varlen, minilm_path, tokeni
     assert (got - expected).abs().max().item() <= TOLERANCE
 
 
-def test_varlen_path_trains_like_the_reference(varlen):
+def _tiny_classifier(**overrides):
     config = seqbert.SeqBertConfig(
         vocab_size=60,
         hidden_size=32,
@@ -189,16 +189,19 @@ def test_varlen_path_trains_like_the_reference(varlen):
         num_attention_heads=4,
         intermediate_size=48,
         num_labels=2,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
+        **overrides,
     )
-    fast, reference = sdpa_and_eager_pair(config, seqbert.SeqBertForSequenceClassification)
+    return sdpa_and_eager_pair(config, seqbert.SeqBertForSequenceClassification)
+
+
+def test_varlen_path_trains_like_the_reference(varlen):
+    fast, reference = _tiny_classifier(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     mask = torch.tensor([[1] * 7 + [0] * 3, [1] * 10, [1] * 2 + [0] * 8])
     inputs = {"input_ids": torch.randint(1, 60, mask.shape, generator=torch.Generator().manual_seed(1))}
     for model in (fast, reference):
         model.train()
         model(**inputs, attention_mask=mask, labels=torch.tensor([0, 1, 1])).loss.backward()
-    assert varlen.calls == config.num_hidden_layers  # the sdpa model only
+    assert varlen.calls == fast.config.num_hidden_layers  # the sdpa model only
     for (name, p), q in zip(fast.named_parameters(), reference.parameters(), strict=True):
         assert (p.grad - q.grad).abs().max().item() <= TOLERANCE, name
 
@@ -247,19 +250,6 @@ def test_the_flash_attention_op_is_taken_only_with_the_probed_schema():
     reordered = _schema([("scale", True)])
     reordered.arguments[7], reordered.arguments[8] = reordered.arguments[8], reordered.arguments[7]
     assert not fits(reordered)  # dropout_p no longer the eighth positional argument
-
-
-def _tiny_classifier(**overrides):
-    config = seqbert.SeqBertConfig(
-        vocab_size=60,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=48,
-        num_labels=2,
-        **overrides,
-    )
-    return sdpa_and_eager_pair(config, seqbert.SeqBertForSequenceClassification)
 
 
 def test_training_draws_attention_dropout_inside_the_kernel():
