@@ -393,18 +393,15 @@ def _gguf(folder: str, outtype: str, texts: list[str], ids: list[list[int]], ref
         if "data" not in answer:
             return {"error": f"llama.cpp's embeddings: {answer}"}
         rows.extend(item["embedding"] for item in sorted(answer["data"], key=lambda item: item["index"]))
-        if normalize == -1:
-            url = server.listening_address
-            tokens = [
-                requests.post(f"{url}/tokenize", json={"content": text, "add_special": True}).json()["tokens"]
-                for text in texts
-            ]
         del server
     pooled, normalized = torch.tensor(pooled), torch.tensor(normalized)  # (texts, hidden)
-    same = [got == want for got, want in zip(tokens, ids, strict=True)]
-    mismatches = [_first_difference(got, want) for got, want in zip(tokens, ids, strict=True) if got != want]
     server = _llama_server(outfile, "NONE")
     url = server.listening_address
+    tokens = [
+        requests.post(f"{url}/tokenize", json={"content": text, "add_special": True}).json()["tokens"] for text in texts
+    ]
+    same = [got == want for got, want in zip(tokens, ids, strict=True)]
+    mismatches = [_first_difference(got, want) for got, want in zip(tokens, ids, strict=True) if got != want]
     hidden = []  # (tokens, hidden) per text whose ids agree
     for text, ok in zip(texts, same, strict=True):
         if ok:
