@@ -191,11 +191,24 @@ class DeferredReads:
         checks (`list[DeferredCheck]`): checked in order, after the encoder's own input checks.
         scalars (`list[torch.Tensor]`): 0-dim integer or boolean tensors on the inputs' device.
         values (`list[int]`, *optional*): their values, once read.
+        named (`dict[str, int]`): the index in `scalars` of each scalar added by name (`add_scalar`).
     """
 
     checks: list[DeferredCheck] = field(default_factory=list)
     scalars: list[torch.Tensor] = field(default_factory=list)
     values: list[int] | None = None
+    named: dict[str, int] = field(default_factory=dict)
+
+    def add_scalar(self, name: str, value: torch.Tensor) -> None:
+        """Read the 0-dim integer or boolean tensor `value` too, under `name` (see `value`)."""
+        self.named[name] = len(self.scalars)
+        self.scalars.append(value)
+
+    def value(self, name: str) -> int | None:
+        """What was read for the scalar `name`: None where none was added under that name, or nothing was read."""
+        if self.values is None or name not in self.named:
+            return None
+        return self.values[self.named[name]]
 
 
 def read_on_host(checks, scalars=()) -> list[int]:
@@ -410,8 +423,6 @@ def check_decoder_inputs(
     if position_ids is not None:
         check_tensor("position_ids", position_ids, "integer", (2,), f"(batch_size, {names['length']})")
         check_shape("position_ids", position_ids, (batch_size, seq_len), f"like {name}", broadcast=True)
-        limit = config.max_position_embeddings if learned else None
-        check_ids_in_range("position_ids", position_ids, limit, "max_position_embeddings")
     elif learned and total > config.max_position_embeddings:
         raise ValueError(
             f"the decoder reached position {total - 1} ({past_length} cached + {seq_len} new tokens), but the learned "
@@ -421,7 +432,6 @@ def check_decoder_inputs(
     if token_type_ids is not None:
         check_tensor("token_type_ids", token_type_ids, "integer", (2,), f"(batch_size, {names['length']})")
         check_shape("token_type_ids", token_type_ids, (batch_size, seq_len), f"like {name}", broadcast=True)
-        check_ids_in_range("token_type_ids", token_type_ids, max(config.type_vocab_size, 1), "type_vocab_size")
     if attention_mask is not None:
         meaning = f"(batch_size, past + {names['length']})"
         check_tensor(names["mask"], attention_mask, "any", (2, 4), meaning)
@@ -451,8 +461,53 @@ def check_decoder_inputs(
         if encoder_attention_mask is not None:
             check_tensor("attention_mask", encoder_attention_mask, "any", (2,), "(batch_size, source_length)")
             check_shape("attention_mask", encoder_attention_mask, (batch_size, source_length), "like the source")
+
+
+# The scalars `plan_decoder_reads` adds: whether the decoder's own 2-D mask, and the source's, mark every position real.
+MASK_ALL_REAL = "decoder attention_mask all real"
+SOURCE_MASK_ALL_REAL = "encoder attention_mask all real"
+
+
+def plan_decoder_reads(
+    config: SeqBertConfig,
+    reads: DeferredReads,
+    input_ids: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    encoder_attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    token_type_ids: torch.Tensor | None,
+    cross_attention: bool,
+) -> None:
+    """
+    Add to `reads` what `SeqBertDecoder.forward` reads on the host: the value checks of its ids, positions and segment
+    ids (named as the calling model names them, `DECODER_ARGUMENT_NAMES`), and whether its 2-D attention mask and,
+    with cross-attention, the source's 2-D mask are all real tokens (`MASK_ALL_REAL`, `SOURCE_MASK_ALL_REAL`; eager
+    execution only). The decoder reads them in one host read with its caller's checks, or
+    `SeqBertForConditionalGeneration` has the encoder read them with its own: one read per training or generation
+    step. The types of the tensors read are checked first, so that a wrong one raises naming it.
+
+    Raises:
+        TypeError, ValueError: an id tensor that is not integer, or a tensor with the wrong number of dimensions.
+    """
+    names = DECODER_ARGUMENT_NAMES[cross_attention]
+    length = f"(batch_size, {names['length']})"
     if input_ids is not None:
-        check_ids_in_range(names["ids"], input_ids, config.vocab_size, "vocab_size")
+        check_tensor(names["ids"], input_ids, "integer", (2,), length)
+        reads.checks.append(IdsInRange(names["ids"], input_ids, config.vocab_size, "vocab_size"))
+    if position_ids is not None:
+        check_tensor("position_ids", position_ids, "integer", (2,), length)
+        limit = config.max_position_embeddings if config.position_embedding_type == "learned" else None
+        reads.checks.append(IdsInRange("position_ids", position_ids, limit, "max_position_embeddings"))
+    if token_type_ids is not None:
+        check_tensor("token_type_ids", token_type_ids, "integer", (2,), length)
+        types = max(config.type_vocab_size, 1)
+        reads.checks.append(IdsInRange("token_type_ids", token_type_ids, types, "type_vocab_size"))
+    if not eager_execution():
+        return
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
+        reads.add_scalar(MASK_ALL_REAL, attention_mask.all())
+    if cross_attention and isinstance(encoder_attention_mask, torch.Tensor) and encoder_attention_mask.dim() == 2:
+        reads.add_scalar(SOURCE_MASK_ALL_REAL, encoder_attention_mask.all())
 
 
 def _in_range(
@@ -691,3 +746,29 @@ def check_generate_arguments(config: SeqBertConfig, default: GenerationConfig, a
                     f"{name} ({value!r}) holds {item}, but token ids must lie in [0, vocab_size={config.vocab_size})"
                     + allowed
                 )
+
+
+def mask_after_read(
+    mask: torch.Tensor | None, all_real: int | None, may_drop: bool
+) -> tuple[torch.Tensor | None, bool]:
+    """
+    The 2-D `mask` a decoder hands transformers' mask builder, once its one host read says whether every position is
+    real (`all_real`, from `plan_decoder_reads`; None: not read). transformers' builders read the host themselves to
+    find out whether a mask can be skipped; after the decoder's read they need not.
+
+    Args:
+        mask (`torch.Tensor`, *optional*): the mask as given.
+        all_real (`int`, *optional*): whether it marks every position real.
+        may_drop (`bool`): whether an all-real mask may be replaced by None (transformers reads given
+            `position_ids` for packed rows where no mask is given and no cache: there it stays).
+
+    Returns:
+        `(mask, skip_allowed)`: None for an all-real mask that may go (nothing to build, nothing to read), and
+        `skip_allowed` False where the builder must build the mask without reading whether it could skip it (its
+        `allow_is_causal_skip` / `allow_is_bidirectional_skip`).
+    """
+    if all_real is None:
+        return mask, True
+    if all_real and may_drop:
+        return None, True
+    return mask, False

@@ -71,12 +71,14 @@ from .convert_bert import (
 )
 from .input_checks import (
     IGNORE_INDEX,
+    MASK_ALL_REAL,
+    SOURCE_MASK_ALL_REAL,
     DeferredReads,
+    IdsInRange,
     check_answer_positions,
     check_decoder_inputs,
     check_encoder_inputs,
     check_generate_arguments,
-    check_ids_in_range,
     check_labels,
     check_multiple_choice_inputs,
     check_sequence_classification_labels,
@@ -84,7 +86,9 @@ from .input_checks import (
     check_tensor,
     eager_execution,
     input_batch_shape,
+    mask_after_read,
     packed_sequence_ids,
+    plan_decoder_reads,
     read_on_host,
 )
 from .packed_cpu_linears import PackedCpuLinears
@@ -1122,6 +1126,7 @@ class SeqBertDecoder(SeqBertPreTrainedModel):
         token_type_ids: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         cache: Cache | None = None,
+        deferred_reads: DeferredReads | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         r"""
@@ -1142,6 +1147,9 @@ class SeqBertDecoder(SeqBertPreTrainedModel):
             token_type_ids (`torch.LongTensor` of shape `(B, L)`, *optional*): segment ids; default 0.
             use_cache (`bool`, *optional*): defaults to `config.use_cache`.
             cache (`Cache`, *optional*): `past_key_values` under the name transformers >= 5.24 passes it by.
+            deferred_reads (`DeferredReads`, *optional*): the calling head's checks (labels), read on the host in the
+                decoder's one read, with its input checks and whether its masks have padding (`plan_decoder_reads`);
+                or, read already (`values` set), the encoder's read of a seq2seq step, planned with the decoder's.
 
         Returns:
             `BaseModelOutputWithPastAndCrossAttentions` with `last_hidden_state` (B, L, H) and the cache (the field
@@ -1169,6 +1177,28 @@ class SeqBertDecoder(SeqBertPreTrainedModel):
             past_length,
             self.add_cross_attention,
         )
+        # One host read: the values checked, and whether the masks have padding (if not, none is built, and
+        # transformers reads nothing to find out).
+        reads = DeferredReads() if deferred_reads is None else deferred_reads
+        if reads.values is None:
+            plan_decoder_reads(
+                self.config,
+                reads,
+                input_ids,
+                attention_mask,
+                encoder_attention_mask,
+                position_ids,
+                token_type_ids,
+                self.add_cross_attention,
+            )
+            reads.values = read_on_host(reads.checks, reads.scalars) if eager_execution() else None
+        # (an all-real mask with given positions stays for training: without it, transformers looks for packed rows)
+        attention_mask, causal_skip = mask_after_read(
+            attention_mask, reads.value(MASK_ALL_REAL), position_ids is None or past_key_values is not None
+        )
+        encoder_attention_mask, source_skip = mask_after_read(
+            encoder_attention_mask, reads.value(SOURCE_MASK_ALL_REAL), True
+        )
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
             if self.add_cross_attention:
@@ -1176,6 +1206,7 @@ class SeqBertDecoder(SeqBertPreTrainedModel):
         if inputs_embeds is None:
             inputs_embeds = self.embeddings.word_embeddings(input_ids)  # (B, L, H)
         batch_size, seq_length = inputs_embeds.shape[:2]
+        given_positions = position_ids  # the mask builders look for packed rows in given positions only
         if position_ids is None:
             position_ids = torch.arange(past_length, past_length + seq_length, device=inputs_embeds.device).unsqueeze(0)
         hidden_states = self.embeddings(
@@ -1196,7 +1227,8 @@ class SeqBertDecoder(SeqBertPreTrainedModel):
                 config=self.config,
                 attention_mask=attention_mask,
                 past_key_values=self_attention_cache,
-                position_ids=position_ids,
+                position_ids=given_positions,
+                allow_is_causal_skip=causal_skip,
             )
         )
         cross_attention_inputs = ()
@@ -1209,6 +1241,7 @@ class SeqBertDecoder(SeqBertPreTrainedModel):
                     config=self.config,
                     attention_mask=encoder_attention_mask,
                     encoder_hidden_states=encoder_hidden_states[:, 0] if per_layer else encoder_hidden_states,
+                    allow_is_bidirectional_skip=source_skip,
                 )
             )
             cross_attention_inputs = (encoder_hidden_states, encoder_attention_mask)
@@ -1716,8 +1749,14 @@ class SeqBertForCausalLM(SeqBertPreTrainedModel, GenerationMixin):
             TypeError, ValueError: as `SeqBertDecoder.forward`, and for `labels` not integer, not shaped like the
                 inputs or outside `[0, vocab_size)` (-100 takes no loss).
         """
+        reads = DeferredReads()  # the labels are checked in the decoder's one host read, before it runs
+        shape = input_batch_shape(input_ids, inputs_embeds)
         if labels is not None:
             use_cache = False
+            if shape is not None:  # else the decoder's own checks raise, naming the inputs
+                labels = check_labels(
+                    "labels", labels, (*shape, 1), self.config.vocab_size, "vocab_size", True, reads.checks
+                )
         outputs = self.seqbert(
             input_ids,
             attention_mask=attention_mask,
@@ -1727,6 +1766,7 @@ class SeqBertForCausalLM(SeqBertPreTrainedModel, GenerationMixin):
             token_type_ids=token_type_ids,
             use_cache=use_cache,
             return_dict=True,
+            deferred_reads=reads,
             **kwargs,
         )
         hidden_states = outputs.last_hidden_state  # (B, L, H)
@@ -1734,9 +1774,6 @@ class SeqBertForCausalLM(SeqBertPreTrainedModel, GenerationMixin):
         logits = self.lm_head(hidden_states[:, kept])  # (B, L_kept, V)
         loss = None
         if labels is not None:
-            labels = check_labels(
-                "labels", labels, hidden_states.shape[:2] + (1,), self.config.vocab_size, "vocab_size"
-            )
             predicted = kwargs.get("shift_labels", labels[:, 1:])  # the labels the loss compares against
             divisor = loss_divisor(predicted, kwargs.pop("num_items_in_batch", None))
             loss = self.loss_function(
@@ -1921,9 +1958,10 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
                 outside `[0, vocab_size)` (-100 takes no loss); labels without decoder inputs while the config has
                 no `decoder_start_token_id` or `pad_token_id`.
         """
+        reads = DeferredReads()  # one host read per step: the encoder's, or the decoder's where no encoder runs
         if labels is not None:
             check_tensor("labels", labels, "integer", (2,), "(batch_size, target_length)")
-            check_ids_in_range("labels", labels, self.config.vocab_size, "vocab_size", ignore_index=True)
+            reads.checks.append(IdsInRange("labels", labels, self.config.vocab_size, "vocab_size", ignore_index=True))
             labels = labels.long()
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
@@ -1943,12 +1981,17 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
                 "labels", labels, tuple(target.shape[:2]), "like the decoder inputs (batch_size, target_length)"
             )
         if encoder_outputs is None:
+            # The decoder's checks and mask flags join the labels' in the encoder's read (the decoder reads nothing).
+            plan_decoder_reads(
+                self.config, reads, decoder_input_ids, decoder_attention_mask, attention_mask, None, None, True
+            )
             encoder_outputs = self.seqbert(
                 input_ids,
                 attention_mask=attention_mask,
                 token_type_ids=token_type_ids,
                 inputs_embeds=inputs_embeds,
                 return_dict=True,
+                deferred_reads=reads,
                 **kwargs,
             )
         elif not isinstance(encoder_outputs, ModelOutput):  # a tuple, as with return_dict=False
@@ -1962,6 +2005,7 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             return_dict=True,
+            deferred_reads=reads,
             **kwargs,
         )
         logits = self.lm_head(decoder_outputs.last_hidden_state)  # (B, T, V)

@@ -7,7 +7,8 @@ place, so that `modeling_seqbert.py` reads as the model and calls one name for e
 - transformers 5.0 and 5.1 kept the output recorder in `utils.generic`, as the decorator `check_model_inputs`
   (`OutputRecorder`, `capture_outputs`);
 - the `masking_utils` mask builders took `input_embeds` (later `inputs_embeds`), until 5.3 the query positions
-  `cache_position`, and until 5.23 the cache as `past_key_values` (later `cache`) (`mask_arguments`);
+  `cache_position`, and until 5.23 the cache as `past_key_values` (later `cache`); newer ones take
+  `allow_is_causal_skip` / `allow_is_bidirectional_skip`, dropped for releases without them (`mask_arguments`);
 - from 5.24 the key/value cache is called `cache` in `forward` inputs and output fields, `past_key_values` before
   (`CACHE_NAME`, `either_cache`).
 
@@ -61,6 +62,9 @@ def mask_arguments(function: Callable, inputs_embeds: torch.Tensor, past_length:
     kwargs["inputs_embeds" if "inputs_embeds" in parameters else "input_embeds"] = inputs_embeds
     if "past_key_values" in kwargs and "cache" in parameters:
         kwargs["cache"] = kwargs.pop("past_key_values")
+    for name in ("allow_is_causal_skip", "allow_is_bidirectional_skip"):  # newer releases only; the default is True
+        if name in kwargs and name not in parameters:
+            kwargs.pop(name)
     if "cache_position" in parameters:
         kwargs["cache_position"] = torch.arange(
             past_length, past_length + inputs_embeds.shape[1], device=inputs_embeds.device
