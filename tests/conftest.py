@@ -13,6 +13,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import fake_cuda_shim  # tests/, imports no torch
+
 
 # Each parallel worker (pytest-xdist, see `MAX_WORKERS`) keeps the code of the trust_remote_code folders it loads in a
 # dynamic-module cache of its own: transformers names a local folder's module after the folder's name, so two workers
@@ -22,6 +24,11 @@ if "PYTEST_XDIST_WORKER" in os.environ:
     _modules_cache = tempfile.mkdtemp(prefix=f"seqbert-tests-modules-{os.environ['PYTEST_XDIST_WORKER']}-")
     os.environ["HF_MODULES_CACHE"] = _modules_cache
     atexit.register(shutil.rmtree, _modules_cache, ignore_errors=True)
+
+# The fake CUDA device of the CUDA dry run (tests/test_cuda_dry_run.py) must be loaded before torch is imported (hence
+# the imports below it, ruff's E402 ignored for this file); its hooks stay off outside the dry run's fake GPU.
+# `fake_cuda_shim.unavailable` says why it could not be loaded (the dry run then skips with that reason).
+fake_cuda_shim.load()
 
 import pandas as pd
 import pytest
@@ -53,7 +60,7 @@ for _folder in sorted({str(path.parent) for path in SCRIPT_PATHS.values()}):
     if _folder not in sys.path:
         sys.path.insert(0, _folder)
 
-import check_transformers_versions  # noqa: E402  (scripts/checks, on sys.path above)
+import check_transformers_versions  # scripts/checks, on sys.path above
 
 
 # The suite runs in parallel worker processes (pytest-xdist; pyproject.toml's addopts: `-n auto --dist loadscope`, a
