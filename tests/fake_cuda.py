@@ -52,9 +52,12 @@ from unittest import mock
 import fake_cuda_shim
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
+from torch.distributed._tools.mem_tracker import MemTracker
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
+from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils.flop_counter import FlopCounterMode
 from transformers.utils import import_utils as transformers_imports
 
 
@@ -441,3 +444,90 @@ def checked():
     """Run the CUDA path under `CudaPathCheck`; yields its `PathRecord`."""
     with CudaPathCheck() as check:
         yield check.record
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# GPU memory and FLOPs of a training step
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def varlen_flop_formulas(lengths) -> dict:
+    """`FlopCounterMode` formulas for the variable-length flash kernel, forward and backward, with the batch's true
+    sequence lengths `lengths` (torch's own formulas take every sequence as long as the longest where `cu_seqlens` are
+    fake): torch's per-sequence sdpa counts (`sdpa_flop_count`, `sdpa_backward_flop_count`), summed."""
+
+    def forward(query, key, value, *args, out_shape=None, **kwargs) -> int:
+        heads, dim = query.shape[1:]
+        return sum(flop_counter.sdpa_flop_count(*[(1, heads, n, dim)] * 3) for n in lengths)
+
+    def backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+        heads, dim = query.shape[1:]
+        return sum(flop_counter.sdpa_backward_flop_count(*[(1, heads, n, dim)] * 4) for n in lengths)
+
+    forward._get_raw = backward._get_raw = True
+    return {aten._flash_attention_forward: forward, aten._flash_attention_backward: backward}
+
+
+# MemTracker's kinds of memory, as the tables name them.
+MEMORY_KINDS = {
+    "Parameter": "parameters",
+    "Gradient": "gradients",
+    "Optstate": "optimizer states",
+    "Activation": "activations",
+    "Temp": "backward temporaries",
+}
+
+
+@dataclasses.dataclass
+class StepCost:
+    """
+    What training steps cost on the fake GPU.
+
+    Attributes:
+        peak_bytes (`int`): the most CUDA memory held by tensors at once over all steps (the steady state: from the
+            second step on, the optimizer's states exist throughout), in the caching allocator's 512-byte blocks.
+        first_step_peak_bytes (`int`): the same over the first step only.
+        at_peak (`dict[str, int]`): bytes by kind at that peak (`MEMORY_KINDS`).
+        flops (`int`): matmul FLOPs of one step, forward and backward (`FlopCounterMode`).
+    """
+
+    peak_bytes: int
+    first_step_peak_bytes: int
+    at_peak: dict[str, int]
+    flops: int
+
+
+def measure_training_steps(gpu: FakeGPU, model, optimizer, inputs: dict, lengths=None, steps: int = 2) -> StepCost:
+    """
+    `steps` training steps of `model` on `inputs` (fake CUDA tensors with labels), each forward under bf16 autocast,
+    then `backward`, `optimizer.step()` and `zero_grad()`, as `Trainer(bf16=True)` runs them: peak memory by
+    `torch.distributed._tools.mem_tracker.MemTracker` and FLOPs by `FlopCounterMode` (`varlen_flop_formulas(lengths)`
+    where the variable-length kernel runs). The host reads are served by `gpu`.
+    """
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer)
+    peaks = []
+    custom = varlen_flop_formulas(lengths) if lengths is not None else {}
+    with warnings.catch_warnings(), tracker, FlopCounterMode(display=False, custom_mapping=custom) as flops:
+        warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)  # MemTracker on BERT's hooks
+        for _ in range(steps):
+            with gpu.autocast():
+                loss = model(**inputs).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            peaks.append(_cuda_snapshot(tracker))
+            tracker.reset_mod_stats()  # MemTracker records one iteration's module statistics at a time
+    peak = _cuda_snapshot(tracker)
+    kinds = {getattr(kind, "value", kind): size for kind, size in peak.items()}
+    return StepCost(
+        peak_bytes=peak["Total"],
+        first_step_peak_bytes=peaks[0]["Total"],
+        at_peak={name: kinds.get(kind, 0) for kind, name in MEMORY_KINDS.items()},
+        flops=flops.get_total_flops() // steps,
+    )
+
+
+def _cuda_snapshot(tracker: MemTracker) -> dict:
+    snapshot = tracker.get_tracker_snapshot("peak")
+    return next(value for device, value in snapshot.items() if device.type == "cuda")

@@ -33,6 +33,7 @@ REQUIRED_VARIABLE = "SEQBERT_REQUIRE_CUDA_DRY_RUN"
 library: ctypes.CDLL | None = None
 unavailable: str | None = "fake_cuda_shim.load() has not run"
 cuda_build = False
+attempted = False
 
 
 def _torch_folder() -> Path | None:
@@ -73,8 +74,11 @@ def _build(torch_folder: Path, compiler: str, version: str) -> Path:
 
 def load() -> str | None:
     """Build and load the shim unless torch is a CUDA build; set and return `unavailable` (None: the fake device is
-    ready). Call before `import torch`."""
-    global library, unavailable, cuda_build
+    ready). Call before `import torch`; a later call returns the first call's answer."""
+    global library, unavailable, cuda_build, attempted
+    if attempted:  # conftest tried before a test imported a script that asks again: its answer stands
+        return unavailable
+    attempted = True
     if "torch" in sys.modules:
         unavailable = "the fake CUDA shim must be loaded before torch is imported (tests/conftest.py does it first)"
         return unavailable

@@ -29,7 +29,7 @@ import fake_cuda
 import fake_cuda_shim
 import pytest
 import torch
-from transformers import DataCollatorWithFlattening
+from transformers import BertForSequenceClassification, DataCollatorWithFlattening
 
 import seqbert
 from seqbert import attention_backends
@@ -412,3 +412,65 @@ def test_training_sent_to_the_fallback_fails(training_step, monkeypatch):
     )
     with pytest.raises(fake_cuda.CudaPathFault, match="the flash kernel ran 0 times forward, expected 2"):
         training_step()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# GPU memory and FLOPs from the same dry run (scripts/benchmarks/estimate_gpu_memory.py)
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def test_memory_and_flops_of_a_training_step_against_bert(tmp_path):
+    """One bert-base-width layer, 16 and 32 real snippets: what the tracker sees is what the parameters and AdamW
+    hold (4 and 8 bytes a parameter, in 512-byte blocks), and the FLOPs follow the real tokens: seqbert's per step are
+    BERT's times the share of real tokens, within the attention's and the heads' part. (The full-size figures:
+    docs/benchmarks.md, "GPU memory and FLOPs".)"""
+    import estimate_gpu_memory
+
+    result = estimate_gpu_memory.main(
+        ["--shapes", "base", "--workloads", "snippets", "--batch_sizes", "16", "32", "--num_hidden_layers", "1",
+         "--no_search_batches", "--json_file", str(tmp_path / "estimate.json")]
+    )  # fmt: skip
+    assert (tmp_path / "estimate.json").exists() and result["largest_batches"] == []
+    config = estimate_gpu_memory.configs("base", 1)["bert"]
+    with torch.device("meta"):
+        sizes = [p.numel() for p in BertForSequenceClassification(config).parameters()]
+    blocks = sum(-(-4 * n // 512) * 512 for n in sizes)  # fp32, in the caching allocator's 512-byte blocks
+    for row in result["rows"]:
+        for name in ("seqbert", "bert"):
+            at_peak = row[name]["at_peak_gib"]
+            assert at_peak["parameters"] * 2**30 == blocks, (name, at_peak)
+            assert at_peak["optimizer states"] * 2**30 >= 2 * blocks  # exp_avg and exp_avg_sq (and the step counts)
+        real = 1 - row["padding"]
+        assert abs(row["flops_ratio"] - real) < 0.05, (row["flops_ratio"], real)
+        # At these sizes the peak is the end of backward, weights, AdamW and the dense word-embedding gradient, the same
+        # for both; seqbert holds its few-KB token indices there too.
+        assert row["peak_ratio"] <= 1.0001, row["peak_ratio"]
+
+
+def test_the_largest_batch_search():
+    import estimate_gpu_memory
+
+    cost = lambda batch: 1000 + 50 * batch + (batch // 64) * 500  # noqa: E731  (steps, as padding grows)
+    for capacity in (1000, 5000, 60000, 1e6):
+        expected = max((b for b in range(8, 20000, 8) if cost(b) <= capacity), default=0)
+        for guess in (1, expected / 2, expected, 3 * expected + 100):
+            assert estimate_gpu_memory.largest_batch(cost, capacity, guess) == expected, (capacity, guess)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--batch_sizes", "32"], r"--batch_sizes \(\[32\]\) must hold two or more different sizes"),
+        (["--cards_gib", "0"], r"--cards_gib \(\[0.0\]\) must be positive"),
+        (["--num_hidden_layers", "0"], r"--num_hidden_layers \(0\) must be >= 1"),
+        (["--on_gpu"], r"--on_gpu needs a CUDA GPU, and torch.cuda.is_available\(\) is False here"),
+    ],
+)
+def test_the_estimate_refuses_bad_arguments_naming_them(argv, message, tmp_path):
+    import estimate_gpu_memory
+
+    from seqbert.script_utils import ScriptInputError
+
+    with pytest.raises(ScriptInputError, match=message):
+        estimate_gpu_memory.main([*argv, "--json_file", str(tmp_path / "estimate.json")])
+    assert not (tmp_path / "estimate.json").exists()
