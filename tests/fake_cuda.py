@@ -481,50 +481,48 @@ MEMORY_KINDS = {
 @dataclasses.dataclass
 class StepCost:
     """
-    What training steps cost on the fake GPU.
+    What a training step costs on the fake GPU.
 
     Attributes:
-        peak_bytes (`int`): the most CUDA memory held by tensors at once over all steps (the steady state: from the
-            second step on, the optimizer's states exist throughout), in the caching allocator's 512-byte blocks.
-        first_step_peak_bytes (`int`): the same over the first step only.
+        peak_bytes (`int`): the most CUDA memory held by tensors at once during the step, in the caching allocator's
+            512-byte blocks, the optimizer's states included (a step after the first, as in a training run).
         at_peak (`dict[str, int]`): bytes by kind at that peak (`MEMORY_KINDS`).
-        flops (`int`): matmul FLOPs of one step, forward and backward (`FlopCounterMode`).
+        flops (`int`): matmul FLOPs of the step, forward and backward (`FlopCounterMode`).
     """
 
     peak_bytes: int
-    first_step_peak_bytes: int
     at_peak: dict[str, int]
     flops: int
 
 
-def measure_training_steps(gpu: FakeGPU, model, optimizer, inputs: dict, lengths=None, steps: int = 2) -> StepCost:
+def measure_training_step(gpu: FakeGPU, model, optimizer, inputs: dict, lengths=None) -> StepCost:
     """
-    `steps` training steps of `model` on `inputs` (fake CUDA tensors with labels), each forward under bf16 autocast,
-    then `backward`, `optimizer.step()` and `zero_grad()`, as `Trainer(bf16=True)` runs them: peak memory by
-    `torch.distributed._tools.mem_tracker.MemTracker` and FLOPs by `FlopCounterMode` (`varlen_flop_formulas(lengths)`
+    A training step of `model` on `inputs` (fake CUDA tensors with labels) as `Trainer(bf16=True)` runs it: the
+    forward under bf16 autocast, `backward`, `optimizer.step()`, `zero_grad()`, with the optimizer's states already
+    allocated (as from the second step on: they are made here by a step on zero gradients). Peak memory by
+    `torch.distributed._tools.mem_tracker.MemTracker`, FLOPs by `FlopCounterMode` (`varlen_flop_formulas(lengths)`
     where the variable-length kernel runs). The host reads are served by `gpu`.
     """
+    for parameter in model.parameters():
+        parameter.grad = torch.zeros_like(parameter)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
     tracker = MemTracker()
     tracker.track_external(model, optimizer)
-    peaks = []
     custom = varlen_flop_formulas(lengths) if lengths is not None else {}
     with warnings.catch_warnings(), tracker, FlopCounterMode(display=False, custom_mapping=custom) as flops:
         warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)  # MemTracker on BERT's hooks
-        for _ in range(steps):
-            with gpu.autocast():
-                loss = model(**inputs).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            peaks.append(_cuda_snapshot(tracker))
-            tracker.reset_mod_stats()  # MemTracker records one iteration's module statistics at a time
+        with gpu.autocast():
+            loss = model(**inputs).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
     peak = _cuda_snapshot(tracker)
     kinds = {getattr(kind, "value", kind): size for kind, size in peak.items()}
     return StepCost(
         peak_bytes=peak["Total"],
-        first_step_peak_bytes=peaks[0]["Total"],
         at_peak={name: kinds.get(kind, 0) for kind, name in MEMORY_KINDS.items()},
-        flops=flops.get_total_flops() // steps,
+        flops=flops.get_total_flops(),
     )
 
 

@@ -9,8 +9,8 @@ torch's meta kernels, with the attention kernel each would run on the GPU. About
 
 The step is what `Trainer(bf16=True)` runs on a GPU with its default optimizer: fp32 weights, the forward under
 `torch.autocast("cuda", dtype=torch.bfloat16)`, backward, `torch.optim.AdamW(fused=True)` step, `zero_grad`, BERT's
-dropout (0.1 in hidden states and attention). Two steps run; the peak is the steady state (the optimizer's states exist
-from the first step on). Models: `BertForSequenceClassification` (sdpa; on the GPU with a padding mask it runs the
+dropout (0.1 in hidden states and attention). The step is one after the first: the optimizer's states exist
+throughout it, as in a training run. Models: `BertForSequenceClassification` (sdpa; on the GPU with a padding mask it runs the
 memory-efficient kernel) and `SeqBertForSequenceClassification` from the same `BertConfig` (post-LN, as converted BERT;
 the variable-length flash kernel on the real tokens), 2 labels, shapes bert-base (12 layers, hidden 768) and bert-large
 (24 layers, hidden 1024).
@@ -23,9 +23,9 @@ Measured, per model: peak memory (`torch.distributed._tools.mem_tracker.MemTrack
 the caching allocator's 512-byte blocks; by kind at the peak: parameters, gradients, optimizer states, activations,
 backward temporaries) and matmul FLOPs per step (`torch.utils.flop_counter.FlopCounterMode`, with the variable-length
 kernel counted on the true sequence lengths). Then, for each of `--cards_gib`, the largest batch (a multiple of 8) whose
-estimated peak fits in that many GiB: a line through the smallest and largest `--batch_sizes` gives a first guess,
-then fake steps bracket and bisect it (the snippets' padded length grows with the batch, so the line alone would not
-do).
+estimated peak fits in that many GiB: a line in the tokens each model computes on (the real ones for seqbert, the
+padded grid for BERT), through the smallest and largest `--batch_sizes`, gives a first guess, then fake steps bracket
+and bisect it.
 
 What the estimate leaves out: the CUDA context (about 0.5 GiB, outside torch's allocator), cuBLAS and cuDNN workspaces
 (tens of MiB), the caching allocator's fragmentation and rounding beyond 512-byte blocks (commonly 5-15 % more reserved
@@ -118,6 +118,22 @@ class Batches:
         frame = pd.read_csv(rotten_tomatoes_path())
         self.snippets = frame[frame.category.isin(["fresh", "rotten"])].text.tolist()
         self.speeches = convention_speeches()
+        self._lengths: dict[str, list[int]] = {}
+
+    def lengths(self, workload: str) -> list[int]:
+        """Each text's length in tokens, as the batches cut it (tokenized on first use)."""
+        if workload not in self._lengths:
+            texts = self.snippets if workload == "snippets" else self.speeches
+            limit = None if workload == "snippets" else MAX_SPEECH_TOKENS
+            encoded = self.tokenizer(texts, truncation=limit is not None, max_length=limit)["input_ids"]
+            self._lengths[workload] = [len(ids) for ids in encoded]
+        return self._lengths[workload]
+
+    def tokens(self, workload: str, model_name: str, batch_size: int) -> int:
+        """The tokens `model_name` computes on for a batch: the real ones (seqbert), or the padded grid (BERT)."""
+        lengths = self.lengths(workload)
+        batch = [lengths[i % len(lengths)] for i in range(batch_size)]
+        return sum(batch) if model_name == "seqbert" else batch_size * max(batch)
 
     def __call__(self, workload: str, batch_size: int) -> dict[str, torch.Tensor]:
         if workload == "snippets":
@@ -150,24 +166,19 @@ def narrow(config):
     return config
 
 
-def estimate(model_name: str, config, batch: dict, steps: int = 2):
-    """`fake_cuda.StepCost` of `steps` training steps of `model_name` on `batch` on the fake GPU."""
+def estimate(model_name: str, config, batch: dict):
+    """`fake_cuda.StepCost` of a training step of `model_name` on `batch` on the fake GPU."""
     import fake_cuda
 
     model_class = MODEL_CLASSES[model_name]
     reader = model_class(narrow(config)).train()
-
-    def read():  # the forwards read the host; a backward never does (the fake run would fail on a read unserved)
-        with torch.no_grad():
-            for _ in range(steps):
-                reader(**batch)
-
-    reads = fake_cuda.record_host_reads(read)
+    with torch.no_grad():  # the forward reads the host; a backward never does (the fake run would fail on a read)
+        reads = fake_cuda.record_host_reads(lambda: reader(**batch))
     lengths = batch["attention_mask"].sum(1).tolist() if model_name == "seqbert" else None
     with fake_cuda.FakeGPU(reads) as gpu, fake_cuda.GpuSdpaChoice():
         model = gpu.model(model_class, config, torch.float32).train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5, fused=True)  # Trainer's default, adamw_torch_fused
-        return fake_cuda.measure_training_steps(gpu, model, optimizer, gpu.tensors(batch), lengths, steps)
+        return fake_cuda.measure_training_step(gpu, model, optimizer, gpu.tensors(batch), lengths)
 
 
 def measure_on_gpu(model_name: str, config, batch: dict, steps: int = 2) -> dict:
@@ -195,9 +206,9 @@ def measure_on_gpu(model_name: str, config, batch: dict, steps: int = 2) -> dict
     return {"peak_gib": peak / GIB, "tflops_per_step": flops.get_total_flops() / steps / 1e12}
 
 
-def largest_batch(cost, capacity: float, guess: float, step: int = 8) -> int:
+def largest_batch(cost, capacity: float, guess: float, step: int = 8, stride_fraction: float = 1 / 64) -> int:
     """The largest multiple of `step` whose `cost(batch)` (bytes) is at most `capacity` (0 if none): bracketed from
-    `guess` in steps of an eighth, then bisected."""
+    `guess` in strides of `stride_fraction` of the batch, then bisected."""
     known = {}
 
     def fits(batch: int) -> bool:
@@ -206,7 +217,7 @@ def largest_batch(cost, capacity: float, guess: float, step: int = 8) -> int:
         return known[batch]
 
     def stride(batch: int) -> int:
-        return max(step, batch // 8 // step * step)
+        return max(step, int(batch * stride_fraction) // step * step)
 
     batch = max(step, int(guess) // step * step)
     if fits(batch):
@@ -259,7 +270,6 @@ def main(argv: list[str] | None = None) -> dict:
                     cost = estimate(name, model_configs[name], batch)
                     row[name] = {
                         "peak_gib": cost.peak_bytes / GIB,
-                        "first_step_peak_gib": cost.first_step_peak_bytes / GIB,
                         "at_peak_gib": {kind: value / GIB for kind, value in cost.at_peak.items()},
                         "tflops_per_step": cost.flops / 1e12,
                     }
@@ -271,15 +281,26 @@ def main(argv: list[str] | None = None) -> dict:
             if args.on_gpu or not args.search_batches:
                 continue
             for name in MODELS:
+                # A first guess from a line in the tokens computed on (real ones, or the padded grid), through the
+                # smallest and largest batch measured; fake steps then settle it.
                 (small, small_peak), (large, large_peak) = min(line[name]), max(line[name])
-                per_example = (large_peak - small_peak) / (large - small)
-                fixed = small_peak - per_example * small
+                small_tokens, large_tokens = (batches.tokens(workload, name, b) for b in (small, large))
+                per_token = (large_peak - small_peak) / (large_tokens - small_tokens)
+                fixed = small_peak - per_token * small_tokens
 
                 def cost(batch_size, name=name, config=model_configs[name], workload=workload):
                     return estimate(name, config, batches(workload, batch_size)).peak_bytes
 
                 for card in args.cards_gib:
-                    biggest = largest_batch(cost, card * GIB, (card * GIB - fixed) / per_example)
+                    guess = small
+                    while fixed + per_token * batches.tokens(workload, name, guess * 2) <= card * GIB:
+                        guess *= 2
+                    low, high = guess, guess * 2  # the line's largest batch lies between: bisect it on the line
+                    while high - low > 1:
+                        middle = (low + high) // 2
+                        inside = fixed + per_token * batches.tokens(workload, name, middle) <= card * GIB
+                        low, high = (middle, high) if inside else (low, middle)
+                    biggest = largest_batch(cost, card * GIB, low)
                     fits.append(
                         {"shape": shape, "workload": workload, "card_gib": card, "model": name, "batch": biggest}
                     )
