@@ -320,31 +320,54 @@ def test_bf16_is_the_default_exactly_where_the_cpu_multiplies_bf16(tmp_path):
     assert run_mlm.parse_and_check(["--output_dir", str(tmp_path), "--bf16", "False"])[2].bf16 is False
 
 
-def test_a_short_continued_run_leaves_the_checkpoint_no_worse_for_fine_tuning(tmp_path):
+def _sentiment_probe_accuracy(encoder, tokenizer) -> float:
+    """Accuracy of a logistic regression on `encoder`'s frozen features of Rotten Tomatoes snippets (the mean of the
+    last hidden states over the tokens: MiniLM's sentence-embedding pooling), trained on the first 500 snippets of
+    `load_rotten_tomatoes()`'s train split and scored on the first 500 of its validation split."""
+    from sklearn.linear_model import LogisticRegression
+
+    from seqbert.data import load_rotten_tomatoes
+
+    snippets = load_rotten_tomatoes()
+    train, scored = snippets["train"][:500], snippets["validation"][:500]
+    features = {}
+    for name, split in (("train", train), ("scored", scored)):
+        pooled = []
+        with torch.no_grad():
+            for start in range(0, len(split["text"]), 100):
+                batch = tokenizer(split["text"][start : start + 100], padding=True, return_tensors="pt")
+                hidden = encoder(**batch).last_hidden_state
+                mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                pooled.append((hidden * mask).sum(1) / mask.sum(1))
+        features[name] = torch.cat(pooled).numpy()
+    classifier = LogisticRegression(max_iter=2000).fit(features["train"], train["label"])
+    return classifier.score(features["scored"], scored["label"])
+
+
+def test_a_short_continued_run_keeps_what_the_checkpoint_knows_of_sentiment(tokenizer, tmp_path):
     """Continued pretraining with the script's defaults (run_mlm.CONTINUED_PRETRAINING) must never leave a checkpoint
-    worse for fine-tuning than it started. The from-scratch recipe did: 0.5765 against 0.7715 after 300 steps on the
-    main job; here, after 30 steps, 0.562 against 0.698 (2026-11-26), where the defaults gave 0.718.
+    worse for fine-tuning than it started. The from-scratch recipe (learning rate 2e-3, 30 % masking) did: fine-tuned
+    accuracy 0.5765 against 0.7715 after 300 steps on the main job, 0.562 against 0.698 after 30 steps (2026-11-26).
 
-    The packaged MiniLM checkpoint continues pretraining on the Rotten Tomatoes text for 30 steps, then it and the
-    checkpoint itself are fine-tuned on 500 snippets (3 epochs at 1e-4, enough to train: run_classification.py's 2
-    epochs at 5e-5 leave 500 snippets near chance) and scored on 500 others."""
-    import run_classification
-
+    The same verdict, cheaper: the packaged MiniLM checkpoint continues pretraining on the Rotten Tomatoes text for 10
+    steps, then a logistic regression on its frozen features (`_sentiment_probe_accuracy`, 500 snippets, 500 scored)
+    must score within 0.05 of the checkpoint's own. Measured 2026-11-27 (AMD EPYC with avx512_bf16, 2 cores, one
+    thread, bf16 training), seeds 42, 1, 2: the checkpoint 0.712; continued 0.708, 0.694, 0.708; the from-scratch
+    learning rate and masking 0.562 at every seed (the majority class's share: its features no longer tell the classes
+    apart), as after 20 and 30 steps. The bound lies 0.03 under the lowest continued seed and 0.10 above the
+    from-scratch recipe. The held-out masked-LM loss does not tell them apart: the checkpoint has no masked-LM head, the
+    new head dominates the loss and the from-scratch learning rate trains it faster (after 10 steps, at 15 % masking
+    for both: 7.39 to 7.63 nats from scratch, 8.05 to 8.14 continued, 10.76 before)."""
     continued = tmp_path / "continued"
     run_mlm.main(
         [
             "--model_name_or_path", str(minilm_checkpoint_path()), "--offline_corpus", "rotten_tomatoes",
-            "--max_steps", "30", "--eval_strategy", "no", "--no_do_eval", "--output_dir", str(continued),
+            "--max_steps", "10", "--eval_strategy", "no", "--no_do_eval", "--output_dir", str(continued),
         ]
     )  # fmt: skip
-    accuracies = {}
-    for name, model in (("direct", minilm_checkpoint_path()), ("continued", continued)):
-        metrics = run_classification.main(
-            [
-                "--model_name_or_path", str(model), "--max_train_samples", "500", "--max_eval_samples", "500",
-                "--learning_rate", "1e-4", "--num_train_epochs", "3",
-                "--output_dir", str(tmp_path / f"fine_tuned_{name}"),
-            ]
-        )  # fmt: skip
-        accuracies[name] = metrics["eval_accuracy"]
-    assert accuracies["continued"] >= accuracies["direct"] - 0.02, accuracies
+    encoders = {
+        "direct": seqbert.SeqBertModel.from_bert_pretrained(minilm_checkpoint_path()),
+        "continued": AutoModelForMaskedLM.from_pretrained(continued).seqbert,
+    }
+    accuracies = {name: _sentiment_probe_accuracy(encoder.eval(), tokenizer) for name, encoder in encoders.items()}
+    assert accuracies["continued"] >= accuracies["direct"] - 0.05, accuracies
