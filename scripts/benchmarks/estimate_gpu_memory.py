@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """GPU memory and FLOPs of a bf16 fine-tuning step, seqbert against transformers' `BertForSequenceClassification`,
 estimated on a CPU: both models run on one fake H100 (the CUDA dry run's harness, `tests/fake_cuda.py`), through
-torch's meta kernels, with the attention kernel each would run on the GPU. About 10 minutes on 2 CPU cores.
+torch's meta kernels, with the attention kernel each would run on the GPU. About 20 minutes on 2 CPU cores.
 
     python scripts/benchmarks/estimate_gpu_memory.py [--shapes base large] [--workloads snippets speeches]
         [--batch_sizes 32 128] [--cards_gib 24 40 80 141] [--json_file estimate_gpu_memory.json]
