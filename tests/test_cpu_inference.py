@@ -5,6 +5,7 @@ import subprocess
 import sys
 import textwrap
 import warnings
+from unittest import mock
 
 import pytest
 import torch
@@ -101,8 +102,34 @@ def test_length_groups_cover_every_token_once(tokenizer, rt_texts):
     mask = tokenizer(rt_texts[:10], padding=True, return_tensors="pt")["attention_mask"]
     groups = LengthGroups(UnpaddedBatch.from_mask(mask))
     assert groups.rows.unique().numel() == int(mask.sum())
-    assert sum(size * width for _, size, width, _ in groups.groups) == groups.total_rows
+    assert sum(size * width for _, size, width, *_ in groups.groups) == groups.total_rows
     assert groups.total_rows < mask.shape[0] * mask.shape[1]  # less padding than the batch
+    for _, size, width, key_mask, key_bias in groups.groups:  # the additive mask: 0 at real keys, fp32's minimum else
+        assert key_mask.shape == key_bias.shape == (size, 1, 1, width)
+        assert torch.equal(key_bias == 0, key_mask) and (key_bias[~key_mask] == torch.finfo(torch.float32).min).all()
+
+
+@torch.inference_mode()
+def test_written_out_attention_and_the_flash_kernel_both_give_berts_numbers(minilm_path, tokenizer, rt_texts):
+    """In fp32, groups of at most `LengthGroups.max_keys_written_out` keys compute attention written out, longer ones
+    with sdpa's flash kernel: on real snippets (every group written out) and on the same snippets with the limit at 0
+    (every group on the kernel), each gives BERT's hidden states within the 1e-5 contract, and int8 stays within
+    int8's reach of them either way (a last-bit change of attention can move a rounding of the next layer's
+    quantization, so the two int8 results are not equal)."""
+    batch = dict(tokenizer(rt_texts[:32], padding=True, return_tensors="pt"))
+    real = batch["attention_mask"].bool()
+    assert batch["attention_mask"].sum(1).max() <= LengthGroups.max_keys_written_out
+    expected = BertModel.from_pretrained(minilm_path).eval()(**batch).last_hidden_state
+    model = seqbert.SeqBertModel.from_bert_pretrained(minilm_path).eval()
+    fast, int8 = seqbert.optimize_for_cpu_inference(model), seqbert.optimize_for_cpu_inference(model, int8=True)
+    got = {}
+    for limit in (LengthGroups.max_keys_written_out, 0):
+        with mock.patch.object(LengthGroups, "max_keys_written_out", limit):
+            got[limit] = fast(**batch).last_hidden_state, int8(**batch).last_hidden_state
+        assert (got[limit][0] - expected)[real].abs().max() <= 1e-5, limit
+        assert 0 < (got[limit][1] - expected)[real].abs().mean() < 0.2, limit
+    written_out, kernel = got[LengthGroups.max_keys_written_out], got[0]
+    assert (written_out[0] - kernel[0])[real].abs().max() <= 1e-5
 
 
 def test_bad_arguments_get_clear_errors(minilm_path):

@@ -235,11 +235,13 @@ class LengthGroups:
             flattened one after the other).
         sources (`torch.LongTensor` of shape `(total_rows,)`): the real token each row of the grouped layout holds
             (after a sequence's end, that sequence's first token).
-        groups (`list[tuple[int, int, int, torch.Tensor]]`): per group its first row, S_g, L_g and its key mask
-            (S_g, 1, 1, L_g), True at real tokens.
+        groups (`list[tuple[int, int, int, torch.Tensor, torch.Tensor]]`): per group its first row, S_g, L_g, its key
+            mask (S_g, 1, 1, L_g), True at real tokens, and the same as an additive fp32 mask.
     """
 
     max_groups = 4
+    # The longest group (keys) whose fp32 attention is written out (see `attend`).
+    max_keys_written_out = 64
 
     def __init__(self, unpadded: UnpaddedBatch):
         mask = unpadded.attention_mask  # (S, L_max)
@@ -256,7 +258,7 @@ class LengthGroups:
             size, width = end - start, sorted_lengths[start]
             place[order[start:end]] = first_row + torch.arange(size) * width
             key_mask = (torch.arange(width) < lengths[order[start:end], None])[:, None, None, :]
-            self.groups.append((first_row, size, width, key_mask))
+            self.groups.append((first_row, size, width, key_mask, _additive(key_mask)))
             sources.append(attention_sources[order[start:end], :width].reshape(-1))
             first_row += size * width
         self.total_rows = first_row
@@ -265,20 +267,41 @@ class LengthGroups:
         self.rows = place[sequence] + offset
 
     def attend(self, qkv: torch.Tensor, attention) -> torch.Tensor:
-        """(1, T, 3H) fused query/key/value projections of the real tokens -> (1, T, H) heads side by side."""
+        """
+        (1, T, 3H) fused query/key/value projections of the real tokens -> (1, T, H) heads side by side.
+
+        In fp32, a group of at most `max_keys_written_out` keys computes softmax(Q Kᵀ · scaling + mask) V as written
+        ("Attention Is All You Need" §3.2.1, what BERT's eager attention computes): two batched matrix products
+        around a softmax. Elsewhere (bf16, longer groups) it is sdpa's CPU flash kernel. Our own choice, measured on
+        the groups of real-length batches (8 sequences of 12 to 80 keys, 12 heads of 32; 2026-11-27, AMD EPYC Zen 5,
+        torch 2.13.0): the fp32 flash kernel gains only 1.0-1.4x from a second thread, the written-out product
+        1.7-1.9x, and up to 64 keys it is about as fast on one thread; from about 72 keys its matrix products slow down
+        by up to 3x on some lengths. A second thread so speeds int8 up by 1.7x instead of 1.6x
+        (`scripts/benchmarks/benchmark_threads.py`).
+        """
         hidden = qkv.shape[-1] // 3
         laid_out = torch.index_select(qkv[0], 0, self.sources)  # (total_rows, 3H)
         output = qkv.new_empty(self.total_rows, hidden)
-        for first_row, size, width, key_mask in self.groups:
+        for first_row, size, width, key_mask, key_bias in self.groups:
             block = laid_out[first_row : first_row + size * width].view(size, width, 3 * hidden)
-            query, key, value = _split_qkv(block, attention)
-            heads = nn.functional.scaled_dot_product_attention(
-                query, key, value, attn_mask=key_mask, scale=attention.scaling
-            )  # (S_g, N, L_g, D)
+            query, key, value = _split_qkv(block, attention)  # (S_g, N, L_g, D) each
+            if qkv.dtype == torch.float32 and width <= self.max_keys_written_out:
+                scores = torch.matmul(query, key.transpose(-1, -2))  # (S_g, N, L_g, L_g)
+                heads = torch.matmul(torch.add(key_bias, scores, alpha=attention.scaling).softmax(-1), value)
+            else:
+                heads = nn.functional.scaled_dot_product_attention(
+                    query, key, value, attn_mask=key_mask, scale=attention.scaling
+                )  # (S_g, N, L_g, D)
             output[first_row : first_row + size * width].view(size, width, hidden).copy_(
                 heads.transpose(1, 2).reshape(size, width, hidden)
             )
         return torch.index_select(output, 0, self.rows).unsqueeze(0)
+
+
+def _additive(key_mask: torch.Tensor) -> torch.Tensor:
+    """A boolean key mask as an additive fp32 one: 0 where True, fp32's minimum where False (as BERT's eager attention
+    masks carry it)."""
+    return torch.zeros(key_mask.shape).masked_fill_(~key_mask, torch.finfo(torch.float32).min)
 
 
 def _takes_packed_path(layer: SeqBertLayer, hidden_states: torch.Tensor) -> bool:
