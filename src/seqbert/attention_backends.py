@@ -171,6 +171,15 @@ def _writes_out(
     return attention_mask.dtype == torch.bool and position_bias is None
 
 
+def _additive_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """A boolean mask broadcastable to (B, N, L_q, L_k) as the additive fp32 one `eager_attention_forward` adds: 0
+    where True, fp32's minimum where False. A mask expanded along the queries (the unpadded encoder's, `sdpa_mask`) is
+    converted once per key row and broadcast."""
+    if attention_mask.dim() == 4 and attention_mask.stride(2) == 0:
+        attention_mask = attention_mask[:, :, :1]  # (B, 1, 1, L_k)
+    return torch.zeros(attention_mask.shape).masked_fill_(~attention_mask, torch.finfo(torch.float32).min)
+
+
 def sdpa_attention_forward(
     module: nn.Module,
     query: torch.Tensor,
@@ -204,9 +213,10 @@ def sdpa_attention_forward(
         )
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling  # (B, N, L_q, L_k), bf16 / fp16
-    attn_weights = attn_weights.float()
-    if attention_mask is not None:  # the additive mask's minimum, as eager_attention_forward's masks carry
-        attn_weights = attn_weights.masked_fill(~attention_mask, torch.finfo(torch.float32).min)
+    if attention_mask is not None:  # fp32 scores with the additive mask, in one pass, as eager's masks add them
+        attn_weights = torch.add(_additive_mask(attention_mask), attn_weights)
+    else:
+        attn_weights = attn_weights.float()
     attn_weights = nn.functional.softmax(attn_weights, dim=-1)  # fp32
     attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
     attn_output = torch.matmul(attn_weights.to(value.dtype), value)  # (B, N, L_q, D)
