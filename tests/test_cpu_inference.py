@@ -111,25 +111,37 @@ def test_length_groups_cover_every_token_once(tokenizer, rt_texts):
 
 @torch.inference_mode()
 def test_written_out_attention_and_the_flash_kernel_both_give_berts_numbers(minilm_path, tokenizer, rt_texts):
-    """In fp32, groups of at most `LengthGroups.max_keys_written_out` keys compute attention written out, longer ones
-    with sdpa's flash kernel: on real snippets (every group written out) and on the same snippets with the limit at 0
-    (every group on the kernel), each gives BERT's hidden states within the 1e-5 contract, and int8 stays within
-    int8's reach of them either way (a last-bit change of attention can move a rounding of the next layer's
-    quantization, so the two int8 results are not equal)."""
+    """In fp32 on more than one thread, groups of at most `LengthGroups.max_keys_written_out` keys compute attention
+    written out; longer ones, and every group on one thread, use sdpa's flash kernel. On real snippets at 2 threads
+    (every group written out), at 1 thread (every group on the kernel) and at 2 threads with the limit at 0, each gives
+    BERT's hidden states within the 1e-5 contract, and int8 stays within int8's reach of them (a last-bit change of
+    attention can move a rounding of the next layer's quantization, so int8 results are not equal across the ways)."""
     batch = dict(tokenizer(rt_texts[:32], padding=True, return_tensors="pt"))
     real = batch["attention_mask"].bool()
     assert batch["attention_mask"].sum(1).max() <= LengthGroups.max_keys_written_out
     expected = BertModel.from_pretrained(minilm_path).eval()(**batch).last_hidden_state
     model = seqbert.SeqBertModel.from_bert_pretrained(minilm_path).eval()
     fast, int8 = seqbert.optimize_for_cpu_inference(model), seqbert.optimize_for_cpu_inference(model, int8=True)
-    got = {}
-    for limit in (LengthGroups.max_keys_written_out, 0):
-        with mock.patch.object(LengthGroups, "max_keys_written_out", limit):
-            got[limit] = fast(**batch).last_hidden_state, int8(**batch).last_hidden_state
-        assert (got[limit][0] - expected)[real].abs().max() <= 1e-5, limit
-        assert 0 < (got[limit][1] - expected)[real].abs().mean() < 0.2, limit
-    written_out, kernel = got[LengthGroups.max_keys_written_out], got[0]
-    assert (written_out[0] - kernel[0])[real].abs().max() <= 1e-5
+    kernel_calls, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+    got, threads = {}, torch.get_num_threads()
+    try:
+        with mock.patch.object(
+            torch.nn.functional, "scaled_dot_product_attention", lambda *a, **k: kernel_calls.append(1) or sdpa(*a, **k)
+        ):
+            for way, count, limit in (("written out", 2, None), ("one thread", 1, None), ("limit 0", 2, 0)):
+                torch.set_num_threads(count)
+                kernel_calls.clear()
+                with mock.patch.object(
+                    LengthGroups, "max_keys_written_out", LengthGroups.max_keys_written_out if limit is None else limit
+                ):
+                    got[way] = fast(**batch).last_hidden_state
+                    int8_states = int8(**batch).last_hidden_state
+                assert (len(kernel_calls) == 0) == (way == "written out"), (way, len(kernel_calls))
+                assert (got[way] - expected)[real].abs().max() <= 1e-5, way
+                assert 0 < (int8_states - expected)[real].abs().mean() < 0.2, way
+    finally:
+        torch.set_num_threads(threads)
+    assert (got["written out"] - got["one thread"])[real].abs().max() <= 1e-5
 
 
 def test_bad_arguments_get_clear_errors(minilm_path):

@@ -270,22 +270,23 @@ class LengthGroups:
         """
         (1, T, 3H) fused query/key/value projections of the real tokens -> (1, T, H) heads side by side.
 
-        In fp32, a group of at most `max_keys_written_out` keys computes softmax(Q Kᵀ · scaling + mask) V as written
-        ("Attention Is All You Need" §3.2.1, what BERT's eager attention computes): two batched matrix products
-        around a softmax. Elsewhere (bf16, longer groups) it is sdpa's CPU flash kernel. Our own choice, measured on
-        the groups of real-length batches (8 sequences of 12 to 80 keys, 12 heads of 32; 2026-11-27, AMD EPYC Zen 5,
-        torch 2.13.0): the fp32 flash kernel gains only 1.0-1.4x from a second thread, the written-out product
-        1.7-1.9x, and up to 64 keys it is about as fast on one thread; from about 72 keys its matrix products slow down
-        by up to 3x on some lengths. A second thread so speeds int8 up by 1.7x instead of 1.6x
-        (`scripts/benchmarks/benchmark_threads.py`).
+        In fp32 on more than one thread, a group of at most `max_keys_written_out` keys computes softmax(Q Kᵀ ·
+        scaling + mask) V as written ("Attention Is All You Need" §3.2.1, what BERT's eager attention computes): two
+        batched matrix products around a softmax. Elsewhere (one thread, bf16, longer groups) it is sdpa's CPU flash
+        kernel. Our own choice, measured on the groups of real-length batches (8 sequences of 12 to 80 keys, 12 heads
+        of 32; 2026-11-27, AMD EPYC Zen 5, torch 2.13.0): the fp32 flash kernel gains only 1.0-1.4x from a second
+        thread, the written-out product 1.7-1.9x; on one thread the kernel is a few per cent faster, and from about 72
+        keys the written-out products slow down by up to 3x on some lengths. With it a second thread speeds
+        MiniLM-L6 int8 up by 1.8x instead of 1.6x (`scripts/benchmarks/benchmark_threads.py`).
         """
         hidden = qkv.shape[-1] // 3
         laid_out = torch.index_select(qkv[0], 0, self.sources)  # (total_rows, 3H)
         output = qkv.new_empty(self.total_rows, hidden)
+        longest_written_out = self.max_keys_written_out if torch.get_num_threads() > 1 else 0
         for first_row, size, width, key_mask, key_bias in self.groups:
             block = laid_out[first_row : first_row + size * width].view(size, width, 3 * hidden)
             query, key, value = _split_qkv(block, attention)  # (S_g, N, L_g, D) each
-            if qkv.dtype == torch.float32 and width <= self.max_keys_written_out:
+            if qkv.dtype == torch.float32 and width <= longest_written_out:
                 scores = torch.matmul(query, key.transpose(-1, -2))  # (S_g, N, L_g, L_g)
                 heads = torch.matmul(torch.add(key_bias, scores, alpha=attention.scaling).softmax(-1), value)
             else:
