@@ -106,8 +106,8 @@ def load() -> str | None:
     if not (torch_folder / "include" / "ATen" / "detail" / "CUDAHooksInterface.h").exists():
         unavailable = f"the CUDA dry run needs torch's C++ headers, and {torch_folder / 'include'} has none"
         return unavailable
-    try:
-        library = ctypes.CDLL(str(_build(torch_folder, compiler, version)), mode=ctypes.RTLD_GLOBAL)
+    try:  # RTLD_LOCAL: globally, libtorch_cpu's symbols (its `sgemm_`) would displace CTranslate2's own
+        library = ctypes.CDLL(str(_build(torch_folder, compiler, version)), mode=ctypes.RTLD_LOCAL)
     except (RuntimeError, OSError) as error:
         unavailable = f"building or loading the fake CUDA shim failed: {error}"
         return unavailable

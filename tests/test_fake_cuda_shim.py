@@ -59,3 +59,13 @@ def test_the_dry_run_fails_instead_of_skipping_where_it_is_required(tmp_path):
     assert "SEQBERT_REQUIRE_CUDA_DRY_RUN is set, but the CUDA dry run cannot run" in result.stdout, result.stdout[
         -3000:
     ]
+
+
+def test_torchs_symbols_stay_out_of_the_global_scope():
+    """The shim is loaded with RTLD_LOCAL. Loaded RTLD_GLOBAL, it would put its dependency libtorch_cpu's exported
+    symbols (its BLAS `sgemm_`, for one) ahead of every later library's, and CTranslate2's encoder then computed
+    hidden states off by ~6 (every CTranslate2 test failed in CI). torch itself loads libtorch_cpu locally."""
+    import ctypes
+
+    assert fake_cuda_shim.library is not None or fake_cuda_shim.cuda_build
+    assert not hasattr(ctypes.CDLL(None), "sgemm_")
