@@ -34,3 +34,16 @@ def test_bad_arguments_are_named(argv, message, tmp_path):
     with pytest.raises(ScriptInputError, match=message):
         benchmark_threads.main([*argv, "--json_file", str(tmp_path / "threads.json")])
     assert not (tmp_path / "threads.json").exists()
+
+
+def test_ctranslate2_is_also_pinned_to_avx512_where_the_cpu_has_it():
+    """CTranslate2 picks AVX2 on AMD CPUs with AVX-512 (the docs' machines); its pinned rows hold it to AVX-512, and
+    are left out where the CPU has none (and under the AVX2 setting everywhere)."""
+    import torch
+
+    has_avx512 = torch.backends.cpu.get_cpu_capability() == "AVX512"
+    for library, environment in benchmark_threads.PINNED_ENVIRONMENT.items():
+        assert benchmark_threads._runs(library, native=True) == has_avx512
+        assert not benchmark_threads._runs(library, native=False)
+        if has_avx512:
+            assert benchmark_threads.ctranslate2_isa(environment) == "AVX512"

@@ -10,7 +10,9 @@ Models: MiniLM-L6 (real weights) and a seeded bert-base-width model with 4 layer
 batches: `--num_batches` batches of 32 Rotten Tomatoes snippets padded to their longest (about half padding), as
 `benchmark.py`'s real-length workload. Engines (`benchmark_engines.py`, each from the same checkpoint): transformers'
 `BertModel` in fp32 and bf16; `seqbert.optimize_for_cpu_inference` in fp32, bf16 and int8; onnxruntime on the fused
-export, fp32 and dynamic int8; OpenVINO pinned to f32 and at its default precision; CTranslate2 float32 and int8.
+export, fp32 and dynamic int8; OpenVINO pinned to f32 and at its default precision; CTranslate2 float32 and int8 at
+the ISA it selects (AVX2 on the AMD CPUs with AVX-512 of the docs) and, where the CPU has AVX-512, pinned to it
+(`CT2_FORCE_CPU_ISA=AVX512`: the `_avx512` rows).
 
 **Each library runs in processes of its own, one per thread count**, as users run one: torch's engines, onnxruntime's,
 OpenVINO's and CTranslate2's, each at each thread count, the processes taking turns, one pass over the batches per
@@ -83,7 +85,15 @@ AVX2_ENVIRONMENT = {
 # engine has its own, as two engines of one library disturb each other (see the module docstring).
 LIBRARIES = (
     "torch", "onnxruntime", "onnxruntime_int8", "openvino", "openvino_default", "ctranslate2", "ctranslate2_int8",
+    "ctranslate2_avx512", "ctranslate2_int8_avx512",
 )  # fmt: skip
+# Engines pinned to a setting other than their default, by their process's environment: CTranslate2 selected AVX2 by
+# default on the AMD CPUs with AVX-512 it was run on (its `CT2_VERBOSE=1` log), so it also runs pinned to AVX-512.
+# Native setting only, and only on a CPU with AVX-512.
+PINNED_ENVIRONMENT = {
+    "ctranslate2_avx512": {"CT2_FORCE_CPU_ISA": "AVX512"},
+    "ctranslate2_int8_avx512": {"CT2_FORCE_CPU_ISA": "AVX512"},
+}
 # Seconds between two processes' turns, for the idle library's spinning threads to park.
 TURN_GAP = 0.1
 
@@ -140,7 +150,7 @@ def _build(library: str, count: int, folder: str, artifacts: dict, batches: list
             precision = None if library == "openvino_default" else "f32"
             engines = {library: benchmark_engines.openvino_engine(bert, batches[0], count, precision)}
         else:
-            quantization = "int8" if library.endswith("_int8") else "float32"
+            quantization = "int8" if "_int8" in library else "float32"
             path = artifacts[f"ct2_{quantization}"]
             engines = {library: benchmark_engines.ctranslate2_engine(path, quantization, count)}
     calls = {name: [engine.prepare(batch) for batch in batches] for name, engine in engines.items()}
@@ -154,6 +164,7 @@ def worker(library: str, count: int, folder: str, artifacts: dict, num_batches: 
     """A process of one library at one thread count: builds its engines, then times one pass of each whenever it is
     sent True, until it is sent None."""
     reuse_freed_memory()  # every engine on the same allocator settings (see the module docstring)
+    os.environ.update(PINNED_ENVIRONMENT.get(library, {}))  # read when the engine is built, not at import
     tokenizer = AutoTokenizer.from_pretrained(minilm_checkpoint_path())
     batches = benchmark.real_length_batches(tokenizer, num_batches)
     with torch.inference_mode():
@@ -169,6 +180,16 @@ def worker(library: str, count: int, folder: str, artifacts: dict, num_batches: 
             conn.send(seconds)
 
 
+def _runs(library: str, native: bool) -> bool:
+    """Whether `library` runs in this setting: the bf16 default and the pinned engines only natively, and pinning to
+    AVX-512 only where the CPU has it."""
+    if library == "openvino_default":
+        return native
+    if library in PINNED_ENVIRONMENT:
+        return native and torch.backends.cpu.get_cpu_capability() == "AVX512"
+    return True
+
+
 def measure(model_name: str, folder: str, artifacts: dict, args: ThreadsArguments, environment: dict, bf16: bool):
     """Every engine of every library at each thread count, each (library, thread count) in its own process, the
     processes taking turns."""
@@ -178,7 +199,7 @@ def measure(model_name: str, folder: str, artifacts: dict, args: ThreadsArgument
     processes, pipes = {}, {}
     try:
         for count in args.threads:
-            for library in (name for name in args.libraries if bf16 or name != "openvino_default"):
+            for library in (name for name in args.libraries if _runs(name, bf16)):
                 parent, child = context.Pipe()
                 arguments = (library, count, folder, artifacts, args.num_batches, bf16, child)
                 processes[library, count] = context.Process(target=worker, args=arguments)
