@@ -279,7 +279,8 @@ class LengthGroups:
         of 32; 2026-11-27, AMD EPYC Zen 5, torch 2.13.0): the fp32 flash kernel gains only 1.0-1.4x from a second
         thread, the written-out product 1.7-1.9x; on one thread the kernel is a few per cent faster, and from about 72
         keys the written-out products slow down by up to 3x on some lengths. With it a second thread speeds
-        MiniLM-L6 int8 up by 1.70-1.75x (two runs) instead of 1.58x (`scripts/benchmarks/benchmark_threads.py`).
+        MiniLM-L6 int8 up by 1.73x instead of 1.62x (one pass over 4 real-length batches, same process and day), and
+        by 1.58x-1.75x over three runs of `scripts/benchmarks/benchmark_threads.py` (1.58x in its one run before).
         """
         hidden = qkv.shape[-1] // 3
         laid_out = torch.index_select(qkv[0], 0, self.sources)  # (total_rows, 3H)
