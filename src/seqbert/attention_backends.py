@@ -171,7 +171,7 @@ def _writes_out(
     return attention_mask.dtype == torch.bool and position_bias is None
 
 
-def _additive_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+def additive_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """A boolean mask broadcastable to (B, N, L_q, L_k) as the additive fp32 one `eager_attention_forward` adds: 0
     where True, fp32's minimum where False. A mask expanded along the queries (the unpadded encoder's, `sdpa_mask`) is
     converted once per key row and broadcast."""
@@ -214,7 +214,7 @@ def sdpa_attention_forward(
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling  # (B, N, L_q, L_k), bf16 / fp16
     if attention_mask is not None:  # fp32 scores with the additive mask, in one pass, as eager's masks add them
-        attn_weights = torch.add(_additive_mask(attention_mask), attn_weights)
+        attn_weights = torch.add(additive_mask(attention_mask), attn_weights)
     else:
         attn_weights = attn_weights.float()
     attn_weights = nn.functional.softmax(attn_weights, dim=-1)  # fp32

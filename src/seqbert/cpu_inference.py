@@ -20,7 +20,7 @@ import warnings
 import torch
 from torch import nn
 
-from .attention_backends import UnpaddedBatch
+from .attention_backends import UnpaddedBatch, additive_mask
 from .modeling_seqbert import SeqBertEncoder, SeqBertLayer, SeqBertPreNormLayer, SeqBertPreTrainedModel
 
 
@@ -260,7 +260,7 @@ class LengthGroups:
             size, width = end - start, sorted_lengths[start]
             place[order[start:end]] = first_row + torch.arange(size) * width
             key_mask = (torch.arange(width) < lengths[order[start:end], None])[:, None, None, :]
-            self.groups.append((first_row, size, width, key_mask, _additive(key_mask)))
+            self.groups.append((first_row, size, width, key_mask, additive_mask(key_mask)))
             sources.append(attention_sources[order[start:end], :width].reshape(-1))
             first_row += size * width
         self.total_rows = first_row
@@ -300,12 +300,6 @@ class LengthGroups:
                 heads.transpose(1, 2).reshape(size, width, hidden)
             )
         return torch.index_select(output, 0, self.rows).unsqueeze(0)
-
-
-def _additive(key_mask: torch.Tensor) -> torch.Tensor:
-    """A boolean key mask as an additive fp32 one: 0 where True, fp32's minimum where False (as BERT's eager attention
-    masks carry it)."""
-    return torch.zeros(key_mask.shape).masked_fill_(~key_mask, torch.finfo(torch.float32).min)
 
 
 def _takes_packed_path(layer: SeqBertLayer, hidden_states: torch.Tensor) -> bool:
