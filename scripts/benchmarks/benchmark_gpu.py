@@ -394,8 +394,15 @@ def allocated_bytes(device: torch.device, peak: bool = False) -> int:
     return torch.cuda.max_memory_allocated(device) if peak else torch.cuda.memory_allocated(device)
 
 
+# What `torch.cuda.set_sync_debug_mode("warn")` says at each synchronizing operation (c10/cuda/CUDAFunctions.cpp). The
+# first sync of a process also raises, once, "Synchronization debug mode is a prototype feature ...": not a sync, so
+# it is not counted (counted, it gave seqbert 2 syncs on the first H200 run of this script, 2026-11-27).
+SYNC_WARNING = "called a synchronizing CUDA operation"
+
+
 def count_host_syncs(forward: Callable[[], object]) -> int:
-    """How many times `forward()` makes the host wait for the GPU: the warnings of `set_sync_debug_mode("warn")`."""
+    """How many times `forward()` makes the host wait for the GPU: the `SYNC_WARNING`s of
+    `set_sync_debug_mode("warn")`."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
@@ -403,7 +410,7 @@ def count_host_syncs(forward: Callable[[], object]) -> int:
             forward()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(warning.message) for warning in caught)
+    return sum(SYNC_WARNING in str(warning.message) for warning in caught)
 
 
 def kernel_profile(forward: Callable[[], object], device: torch.device) -> dict:
