@@ -1,11 +1,12 @@
 """`seqbert.optimize_for_cpu_inference`: oneDNN packed linear layers with fused post-ops (fp32, bf16 and int8) and
 length-grouped attention, checked against transformers' BertModel on the real MiniLM weights and real text."""
 
+import json
+import logging
 import subprocess
 import sys
 import textwrap
 import warnings
-from unittest import mock
 
 import pytest
 import torch
@@ -14,10 +15,24 @@ from transformers import BertForSequenceClassification, BertModel
 
 import seqbert
 from seqbert import cpu_inference
-from seqbert.cpu_inference import LengthGroups, bf16_linear_available, onednn_available
+from seqbert.cpu_inference import (
+    ATTENTION_MODES,
+    ROLES,
+    CpuInferencePlan,
+    LengthGroups,
+    UnsupportedCpuError,
+    bf16_linear_available,
+    onednn_available,
+)
 
 
-pytestmark = pytest.mark.skipif(not onednn_available(), reason="needs torch's oneDNN operators on an x86 AVX2 CPU")
+needs_onednn = pytest.mark.skipif(not onednn_available(), reason="int8 needs torch's oneDNN operators on an x86 CPU")
+
+
+def pinned(**precision) -> CpuInferencePlan:
+    """The plan these tests run where they test the optimized path, not the choice: the first kernel available for the
+    precision, attention written out, 4 length groups (`test_every_plan_gives_berts_numbers` forces every other one)."""
+    return CpuInferencePlan(dict.fromkeys(ROLES, cpu_inference.linear_kernels_available(**precision)[0]))
 
 
 def _mean_pooled(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -25,13 +40,14 @@ def _mean_pooled(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (states * weights).sum(1) / weights.sum(1)
 
 
+@pytest.mark.cpu_semantics
 @torch.inference_mode()
 def test_fp32_optimized_model_computes_bert_on_real_text(minilm_path, tokenizer, rt_texts):
     bert = BertModel.from_pretrained(minilm_path).eval()
     model = seqbert.SeqBertModel.from_bert_pretrained(minilm_path).eval()
-    fast = seqbert.optimize_for_cpu_inference(model)
+    fast = seqbert.optimize_for_cpu_inference(model, plan=pinned())
     assert type(model.encoder.layers[0]).__name__ == "SeqBertPostNormLayer"  # the original is left as it was
-    assert type(fast.encoder.layers[0]).__name__ == "OneDnnSeqBertPostNormLayer"
+    assert type(fast.encoder.layers[0]).__name__ == "CpuOptimizedSeqBertPostNormLayer"
     # Two batches of other sizes and lengths: nothing is prepared per shape.
     for texts in (rt_texts[:32], rt_texts[40:47]):
         batch = dict(tokenizer(texts, padding=True, return_tensors="pt"))
@@ -47,13 +63,14 @@ def test_fp32_optimized_model_computes_bert_on_real_text(minilm_path, tokenizer,
         assert (model(**batch).last_hidden_state - expected)[real].abs().max() <= 1e-5
 
 
+@pytest.mark.cpu_semantics
 @torch.inference_mode()
 def test_fp32_optimized_classifier_and_unpadded_batch(minilm_path, tokenizer, rt_texts, tmp_path):
     torch.manual_seed(0)
     BertForSequenceClassification.from_pretrained(minilm_path, num_labels=2).save_pretrained(tmp_path / "cls")
     bert = BertForSequenceClassification.from_pretrained(tmp_path / "cls").eval()
     model = seqbert.SeqBertForSequenceClassification.from_bert_pretrained(tmp_path / "cls").eval()
-    fast = seqbert.optimize_for_cpu_inference(model)
+    fast = seqbert.optimize_for_cpu_inference(model, plan=pinned())
     for batch in (
         dict(tokenizer(rt_texts[:16], padding=True, return_tensors="pt")),
         dict(tokenizer(rt_texts[:1], return_tensors="pt")),  # no padding: the padded layout, fused layers alike
@@ -61,12 +78,16 @@ def test_fp32_optimized_classifier_and_unpadded_batch(minilm_path, tokenizer, rt
         assert (fast(**batch).logits - bert(**batch).logits).abs().max() <= 1e-5
 
 
+@pytest.mark.cpu_semantics
+@needs_onednn
 @torch.inference_mode()
 def test_int8_optimized_model_keeps_sentence_embeddings(minilm_path, tokenizer, rt_texts):
     batch = dict(tokenizer(rt_texts[:64], padding=True, return_tensors="pt"))
     real = batch["attention_mask"].bool()
     bert = BertModel.from_pretrained(minilm_path).eval()
-    int8 = seqbert.optimize_for_cpu_inference(seqbert.SeqBertModel.from_bert_pretrained(minilm_path), int8=True)
+    int8 = seqbert.optimize_for_cpu_inference(
+        seqbert.SeqBertModel.from_bert_pretrained(minilm_path), int8=True, plan=pinned(int8=True)
+    )
     expected, got = bert(**batch).last_hidden_state, int8(**batch).last_hidden_state
     delta = (got - expected)[real].abs()
     assert 0 < delta.mean() < 0.2  # int8 moves hidden states, as int8 does
@@ -80,7 +101,7 @@ def test_recorded_outputs_and_gradients(minilm_path, tokenizer, rt_texts):
     batch = dict(tokenizer(rt_texts[:4], padding=True, return_tensors="pt"))
     real = batch["attention_mask"].bool()
     model = seqbert.SeqBertModel.from_bert_pretrained(minilm_path).eval()
-    fast = seqbert.optimize_for_cpu_inference(model)
+    fast = seqbert.optimize_for_cpu_inference(model, plan=pinned())
     assert not any(p.requires_grad for p in fast.parameters())
     with torch.no_grad():
         outputs = fast(**batch, output_hidden_states=True)
@@ -91,11 +112,12 @@ def test_recorded_outputs_and_gradients(minilm_path, tokenizer, rt_texts):
     # Attention weights are recorded by a hook on the attention module: the layer's own forward runs there.
     eager = seqbert.SeqBertModel.from_bert_pretrained(minilm_path, attn_implementation="eager").eval()
     with torch.no_grad():
-        weights = seqbert.optimize_for_cpu_inference(eager)(**batch, output_attentions=True).attentions
+        weights = seqbert.optimize_for_cpu_inference(eager, plan=pinned())(**batch, output_attentions=True).attentions
         expected = eager(**batch, output_attentions=True).attentions
     assert len(weights) == 6 and all(torch.equal(a, b) for a, b in zip(weights, expected, strict=True))
 
 
+@pytest.mark.cpu_semantics
 def test_length_groups_cover_every_token_once(tokenizer, rt_texts):
     from seqbert.modeling_seqbert import UnpaddedBatch
 
@@ -109,39 +131,131 @@ def test_length_groups_cover_every_token_once(tokenizer, rt_texts):
         assert torch.equal(key_bias == 0, key_mask) and (key_bias[~key_mask] == torch.finfo(torch.float32).min).all()
 
 
+def _plans(kernels: tuple[str, ...]) -> dict[str, CpuInferencePlan]:
+    """Every choice `measure_plan` can make, forced one at a time: each linear kernel for all roles, one mixed plan,
+    each attention mode with 1 and 8 length groups (4 in the others)."""
+    plans = {
+        f"{kernel} linears": CpuInferencePlan(dict.fromkeys(ROLES, kernel), "written_out", 4) for kernel in kernels
+    }
+    plans["mixed linears"] = CpuInferencePlan(dict(zip(ROLES, (kernels * 5)[1:5], strict=True)), "sdpa", 4)
+    for attention in ATTENTION_MODES:
+        for groups in (1, 8):
+            plans[f"{attention} attention, {groups} groups"] = CpuInferencePlan(
+                dict.fromkeys(ROLES, kernels[0]), attention, groups
+            )
+    return plans
+
+
+@pytest.mark.cpu_semantics
 @torch.inference_mode()
-def test_written_out_attention_and_the_flash_kernel_both_give_berts_numbers(minilm_path, tokenizer, rt_texts):
-    """In fp32 on more than one thread, groups of at most `LengthGroups.max_keys_written_out` keys compute attention
-    written out; longer ones, and every group on one thread, use sdpa's flash kernel. On real snippets at 2 threads
-    (every group written out), at 1 thread (every group on the kernel) and at 2 threads with the limit at 0, each gives
-    BERT's hidden states within the 1e-5 contract, and int8 stays within int8's reach of them (a last-bit change of
-    attention can move a rounding of the next layer's quantization, so int8 results are not equal across the ways)."""
-    batch = dict(tokenizer(rt_texts[:32], padding=True, return_tensors="pt"))
-    real = batch["attention_mask"].bool()
-    assert batch["attention_mask"].sum(1).max() <= LengthGroups.max_keys_written_out
-    expected = BertModel.from_pretrained(minilm_path).eval()(**batch).last_hidden_state
+def test_every_plan_gives_berts_numbers(minilm_path, tokenizer, rt_texts):
+    """Whatever `measure_plan` chooses on a CPU, the copy computes BERT: each linear kernel available here (oneDNN,
+    MKL's packed sgemm, addmm on the transposed weight, F.linear), attention written out or on sdpa's kernel, 1 to 8
+    length groups, and the eager layers, each forced through `plan=`, within the 1e-5 contract on real snippets
+    (padded, and a single row on the padded layout); int8 with each attention choice stays within int8's reach."""
+    bert = BertModel.from_pretrained(minilm_path).eval()
     model = seqbert.SeqBertModel.from_bert_pretrained(minilm_path).eval()
-    fast, int8 = seqbert.optimize_for_cpu_inference(model), seqbert.optimize_for_cpu_inference(model, int8=True)
-    kernel_calls, sdpa = [], torch.nn.functional.scaled_dot_product_attention
-    got, threads = {}, torch.get_num_threads()
-    try:
-        with mock.patch.object(
-            torch.nn.functional, "scaled_dot_product_attention", lambda *a, **k: kernel_calls.append(1) or sdpa(*a, **k)
-        ):
-            for way, count, limit in (("written out", 2, None), ("one thread", 1, None), ("limit 0", 2, 0)):
-                torch.set_num_threads(count)
-                kernel_calls.clear()
-                with mock.patch.object(
-                    LengthGroups, "max_keys_written_out", LengthGroups.max_keys_written_out if limit is None else limit
-                ):
-                    got[way] = fast(**batch).last_hidden_state
-                    int8_states = int8(**batch).last_hidden_state
-                assert (len(kernel_calls) == 0) == (way == "written out"), (way, len(kernel_calls))
-                assert (got[way] - expected)[real].abs().max() <= 1e-5, way
-                assert 0 < (int8_states - expected)[real].abs().mean() < 0.2, way
-    finally:
-        torch.set_num_threads(threads)
-    assert (got["written out"] - got["one thread"])[real].abs().max() <= 1e-5
+    batches = [dict(tokenizer(texts, padding=True, return_tensors="pt")) for texts in (rt_texts[:32], rt_texts[50:51])]
+    assert batches[0]["attention_mask"].sum(1).max() <= LengthGroups.written_out_limit  # every group written out
+    expected = [bert(**batch).last_hidden_state for batch in batches]
+    kernels = cpu_inference.linear_kernels_available()
+    plans = _plans(kernels)
+    plans["eager layers"] = CpuInferencePlan(dict.fromkeys(ROLES, "linear"), eager_layers=True)
+    for name, plan in plans.items():
+        fast = seqbert.optimize_for_cpu_inference(model, plan=plan)
+        assert fast.cpu_inference_plan == plan
+        optimized = type(fast.encoder.layers[0]).__name__.startswith("CpuOptimized")
+        assert optimized == (not plan.eager_layers), name
+        for batch, reference in zip(batches, expected, strict=True):
+            real = batch["attention_mask"].bool()
+            assert (fast(**batch).last_hidden_state - reference)[real].abs().max() <= 1e-5, name
+    if not onednn_available():
+        return
+    for name, plan in _plans(("onednn",)).items():
+        int8 = seqbert.optimize_for_cpu_inference(model, int8=True, plan=plan)
+        real = batches[0]["attention_mask"].bool()
+        assert 0 < (int8(**batches[0]).last_hidden_state - expected[0])[real].abs().mean() < 0.2, name
+
+
+def test_the_measured_plan_is_logged_reused_and_reproducible(minilm_path, tokenizer, rt_texts, caplog):
+    """`optimize_for_cpu_inference` times the candidates (`measure_plan`), logs its choice, attaches it to the copy,
+    reuses the measurement for the same shapes and threads, and gives the same choice and bit-identical outputs when
+    the plan is passed back, as an object or as JSON."""
+    model = seqbert.SeqBertModel.from_bert_pretrained(minilm_path).eval()
+    batch = dict(tokenizer(rt_texts[:16], padding=True, return_tensors="pt"))
+    with caplog.at_level(logging.INFO, logger="seqbert.cpu_inference"):
+        fast = seqbert.optimize_for_cpu_inference(model, example_inputs=batch)
+    plan = fast.cpu_inference_plan
+    measured = plan.measurements
+    assert measured["threads"] == torch.get_num_threads() and measured["sequences"] == 16
+    assert measured["tokens"] == int(batch["attention_mask"].sum())
+    assert set(measured["linear_ms"]) == set(ROLES) and set(measured["layer_ms"]) == {"optimized", "eager"}
+    assert all(set(times) == set(cpu_inference.linear_kernels_available()) for times in measured["linear_ms"].values())
+    assert any(plan.summary() in record.getMessage() for record in caplog.records)
+    assert seqbert.optimize_for_cpu_inference(model, example_inputs=batch).cpu_inference_plan is plan  # reused
+    pinned = seqbert.optimize_for_cpu_inference(model, plan=json.loads(json.dumps(plan.to_dict())))
+    assert pinned.cpu_inference_plan == plan and pinned.cpu_inference_plan.measurements == measured
+    with torch.inference_mode():
+        assert torch.equal(pinned(**batch).last_hidden_state, fast(**batch).last_hidden_state)
+
+
+def test_measure_plan_keeps_the_eager_layers_where_they_are_faster(minilm_path, tokenizer, rt_texts, monkeypatch):
+    """The choices follow the timings, and a later candidate displaces an earlier one only by more than `MARGIN`:
+    with timings where F.linear is 10 % faster for the query/key/value product and addmm 1 % faster elsewhere, sdpa
+    with 2 groups fastest, and the eager layer faster than the optimized one, the plan says exactly that, and the copy
+    runs the eager layers, bit-identical to the model."""
+    real_median_times = cpu_inference._median_times
+
+    def fake_times(candidates, rounds, budget):
+        times = dict.fromkeys(real_median_times(candidates, 1, 0.0), 10.0)  # the real calls run, once
+        if "eager" in times:
+            return {"optimized": 10.0, "eager": 9.0}
+        if "sdpa/2" in times:
+            return {**times, "sdpa/2": 5.0}
+        if "linear" in times and times.keys() == set(cpu_inference.linear_kernels_available()):
+            return {
+                **times,
+                "addmm": 9.95,
+                "linear": 9.0 if candidates["linear"].func.out_features == 3 * 384 else 10.0,
+            }
+        return times
+
+    model = seqbert.SeqBertModel.from_bert_pretrained(minilm_path).eval()
+    monkeypatch.setattr(cpu_inference, "_median_times", fake_times)
+    plan = cpu_inference.measure_plan(model.encoder.layers[0], lengths=[5, 9, 12])
+    first = cpu_inference.linear_kernels_available()[0]
+    assert plan.linear_kernels["qkv"] == "linear" and plan.linear_kernels["out_proj"] == first  # 1 % is no margin
+    assert (plan.attention, plan.length_groups, plan.eager_layers) == ("sdpa", 2, True)
+    fast = seqbert.optimize_for_cpu_inference(model, plan=plan)
+    batch = dict(tokenizer(rt_texts[:8], padding=True, return_tensors="pt"))
+    with torch.inference_mode():
+        assert torch.equal(fast(**batch).last_hidden_state, model(**batch).last_hidden_state)
+
+
+@torch.inference_mode()
+def test_fp32_runs_where_onednn_or_the_x86_capability_is_missing(minilm_path, tokenizer, rt_texts, monkeypatch):
+    """Where oneDNN's x86 operators are missing, or torch reports a CPU that is not x86 (capability "DEFAULT", as on
+    aarch64), fp32 is built from torch's generic operators (addmm, F.linear) and equals the eager model within 1e-4
+    (1e-5, BERT's contract, in fact); int8 and bf16 raise `UnsupportedCpuError` naming the ONNX Runtime route."""
+    model = seqbert.SeqBertModel.from_bert_pretrained(minilm_path).eval()
+    batch = dict(tokenizer(rt_texts[:16], padding=True, return_tensors="pt"))
+    real = batch["attention_mask"].bool()
+    expected = model(**batch).last_hidden_state
+    for missing in ("operators", "capability"):
+        with monkeypatch.context() as patch:
+            if missing == "operators":
+                patch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+                patch.setattr(torch.backends.mkl, "is_available", lambda: False)
+            else:
+                patch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
+            assert cpu_inference.linear_kernels_available() == ("addmm", "linear")
+            fast = seqbert.optimize_for_cpu_inference(model)
+            assert set(fast.cpu_inference_plan.linear_kernels.values()) <= {"addmm", "linear"}
+            assert (fast(**batch).last_hidden_state - expected)[real].abs().max() <= 1e-5
+            with pytest.raises(UnsupportedCpuError, match=r"int8=True\) needs torch's oneDNN .* ONNX Runtime"):
+                seqbert.optimize_for_cpu_inference(model, int8=True)
+            with pytest.raises(UnsupportedCpuError, match=r"dtype=torch.bfloat16\) needs torch's oneDNN"):
+                seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16)
 
 
 def test_bad_arguments_get_clear_errors(minilm_path):
@@ -152,6 +266,26 @@ def test_bad_arguments_get_clear_errors(minilm_path):
         seqbert.optimize_for_cpu_inference(model, int8="yes")
     with pytest.raises(ValueError, match="float32 model on the CPU"):
         seqbert.optimize_for_cpu_inference(model.to(torch.float64))
+    model = model.float()
+    kernels = dict.fromkeys(ROLES, "linear")
+    with pytest.raises(TypeError, match="plan must be a CpuInferencePlan, a dict from its to_dict"):
+        seqbert.optimize_for_cpu_inference(model, plan="fast")
+    with pytest.raises(ValueError, match=r"plan.linear_kernels\['qkv'\] is 'cuda', which float32 cannot run"):
+        seqbert.optimize_for_cpu_inference(model, plan=CpuInferencePlan({**kernels, "qkv": "cuda"}))
+    with pytest.raises(ValueError, match=r"plan.linear_kernels\['qkv'\] is 'addmm', which int8 cannot run .*"):
+        seqbert.optimize_for_cpu_inference(model, int8=True, plan=CpuInferencePlan({**kernels, "qkv": "addmm"}))
+    with pytest.raises(ValueError, match="must name a kernel for each of"):
+        seqbert.optimize_for_cpu_inference(model, plan={"linear_kernels": {"qkv": "linear"}})
+    with pytest.raises(ValueError, match=r"plan.attention is 'flash'; allowed: \['written_out', 'sdpa'\]"):
+        seqbert.optimize_for_cpu_inference(model, plan=CpuInferencePlan(kernels, attention="flash"))
+    with pytest.raises(ValueError, match="plan.length_groups must be an int >= 1, got 0"):
+        seqbert.optimize_for_cpu_inference(model, plan=CpuInferencePlan(kernels, length_groups=0))
+    with pytest.raises(ValueError, match=r"got keys \['kernels'\]"):
+        seqbert.optimize_for_cpu_inference(model, plan={"kernels": {}})
+    with pytest.raises(ValueError, match="example_inputs must be a batch with a .batch, length. attention_mask"):
+        seqbert.optimize_for_cpu_inference(model, example_inputs={"input_ids": torch.ones(2, 3, dtype=torch.long)})
+    with pytest.raises(ValueError, match="attention_mask has no real token"):
+        seqbert.optimize_for_cpu_inference(model, example_inputs={"attention_mask": torch.zeros(2, 3)})
 
 
 needs_bf16_linear = pytest.mark.skipif(
@@ -167,7 +301,7 @@ def test_bf16_optimized_model_tracks_bert_on_real_text(minilm_path, tokenizer, r
     bf16 (`.to(torch.bfloat16)`, what a user tries first): outputs fp32, zeros at padding, as close as the cast."""
     bert = BertModel.from_pretrained(minilm_path).eval()
     model = seqbert.SeqBertModel.from_bert_pretrained(minilm_path).eval()
-    fast = seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16)
+    fast = seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16, plan=pinned(dtype=torch.bfloat16))
     cast = BertModel.from_pretrained(minilm_path, dtype=torch.bfloat16).eval()
     for texts in (rt_texts[:32], rt_texts[40:41]):  # padded (unpadded, length groups) and one row (padded layout)
         batch = dict(tokenizer(texts, padding=True, return_tensors="pt"))
@@ -192,7 +326,7 @@ def test_bf16_encoder_layers_and_fp32_fallbacks(norm_placement):
     additive 4D mask, recorded per-layer outputs) the layers run the model's own fp32 forward, exactly."""
     torch.manual_seed(0)
     model = seqbert.SeqBertModel(tiny_config(norm_placement=norm_placement, hidden_act="gelu")).eval()
-    fast = seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16)
+    fast = seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16, plan=pinned(dtype=torch.bfloat16))
     ids = torch.randint(3, 99, (3, 9))
     mask = torch.ones(3, 9, dtype=torch.long)
     mask[1, 6:] = mask[2, 3:] = 0
@@ -215,7 +349,7 @@ def test_bf16_seq2seq_encoder_hands_fp32_layer_inputs_to_the_decoder(minilm_path
     """A same_layer BERT2BERT reads the hidden states entering each encoder layer: they come back fp32, and greedy
     generation from the bf16 encoder runs to the same length as from the fp32 one."""
     model = seqbert.SeqBertForConditionalGeneration.from_bert_pretrained(minilm_path).eval()
-    fast = seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16)
+    fast = seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16, plan=pinned(dtype=torch.bfloat16))
     batch = dict(tokenizer(rt_texts[:4], padding=True, return_tensors="pt"))
     encoded = fast.get_encoder()(**batch)
     assert encoded.last_hidden_state.dtype == encoded.layer_inputs.dtype == torch.float32
@@ -234,17 +368,17 @@ def test_bf16_refused_without_a_bf16_linear_and_warned_without_bf16_instructions
         seqbert.optimize_for_cpu_inference(model, dtype="bfloat16")
     monkeypatch.setattr(cpu_inference, "bf16_linear_available", lambda: False)
     with pytest.raises(RuntimeError, match=r"needs a CPU on which oneDNN runs bf16: AVX-512 .* capability '"):
-        seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16)
+        seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16, plan=pinned(dtype=torch.bfloat16))
     if not bf16_linear_available():
         return
     monkeypatch.setattr(cpu_inference, "bf16_linear_available", lambda: True)
     monkeypatch.setattr(cpu_inference, "bf16_instructions_available", lambda: False)
     cpu_inference._warn_no_bf16_instructions.cache_clear()
     with pytest.warns(UserWarning, match="this CPU has no bf16 instructions .* slower than dtype=torch.float32"):
-        seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16)
+        seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16, plan=pinned(dtype=torch.bfloat16))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16)  # once per process
+        seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16, plan=pinned(dtype=torch.bfloat16))  # once
 
 
 EMULATED = """
@@ -256,7 +390,8 @@ batch = dict(AutoTokenizer.from_pretrained(path)(TEXTS, padding=True, return_ten
 model = seqbert.SeqBertModel.from_bert_pretrained(path).eval()
 with torch.inference_mode():
     expected = model(**batch).last_hidden_state
-    got = seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16)(**batch).last_hidden_state
+    plan = seqbert.CpuInferencePlan(dict.fromkeys(("qkv", "out_proj", "up_proj", "down_proj"), "onednn"))
+    got = seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16, plan=plan)(**batch).last_hidden_state
 print((got - expected)[batch["attention_mask"].bool()].abs().max().item())
 """
 

@@ -3,6 +3,7 @@ layers checked against the dequantized product computed in float64 on the real M
 script that measures what int8 costs a fine-tuned classifier."""
 
 import json
+import os
 
 import evaluate_int8  # noqa: E402
 import pytest
@@ -10,6 +11,7 @@ import torch
 from transformers import BertForSequenceClassification
 
 import seqbert
+from seqbert import cpu_inference
 from seqbert.cpu_inference import PackedLinear, bf16_linear_available, onednn_available, quantize_per_tensor_uint8
 from seqbert.script_utils import ScriptInputError  # noqa: E402
 
@@ -38,6 +40,7 @@ def real_activations(minilm_path, tokenizer, rt_texts):
     return model, seen
 
 
+@pytest.mark.cpu_semantics
 def test_uint8_quantization_round_trips_within_half_a_step(real_activations):
     _, seen = real_activations
     for x in (*seen.values(), torch.zeros(3, 4), -seen["up"].abs(), seen["down"].abs()):
@@ -51,25 +54,67 @@ def test_uint8_quantization_round_trips_within_half_a_step(real_activations):
     assert quantize_per_tensor_uint8(seen["down"])[1] == pytest.approx((high - low) / 253)
 
 
+@pytest.mark.cpu_semantics
 @needs_onednn
 def test_int8_linear_is_the_dequantized_product(real_activations):
+    """The int8 linear computes exactly the product of its dequantized operands, on every x86 CPU: with 8-bit weights
+    where int8 products are exact (VNNI), with 7-bit ones where they saturate (no VNNI, or oneDNN held to AVX2, as
+    the capped run of this file in tests/test_cpu_semantics.py does)."""
     model, seen = real_activations
     mlp = model.encoder.layers[0].mlp
+    levels = cpu_inference.int8_weight_levels()
     for linear, x in ((mlp.up_proj, seen["up"]), (mlp.down_proj, seen["down"])):
         packed = PackedLinear([linear], int8=True)
+        assert packed.weight_levels == levels
         got = packed(x)
-        # The reference, in float64: weights rounded to int8 with one scale per output feature (absmax / 127), the
-        # input to uint8 as quantize_per_tensor_uint8 gives it, then the product of the dequantized operands.
+        # The reference, in float64: weights rounded with one scale per output feature (absmax / levels), the input
+        # to uint8 as quantize_per_tensor_uint8 gives it, then the product of the dequantized operands.
         weight = linear.weight.detach().double()
-        weight_scale = weight.abs().amax(1, keepdim=True) / 127
-        weight_q = torch.round(weight / weight_scale).clamp(-127, 127)
+        weight_scale = weight.abs().amax(1, keepdim=True) / levels
+        weight_q = torch.round(weight / weight_scale).clamp(-levels, levels)
         q, scale, zero_point = quantize_per_tensor_uint8(x)
         expected = ((q.double() - zero_point) * scale) @ (weight_q * weight_scale).T + linear.bias.double()
         assert (got.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
         # and int8 stays near fp32: within a few percent of the output's range
         assert (got - linear(x)).abs().max() <= 0.05 * linear(x).abs().max()
-        gelu = packed(x, activation=("gelu", "none"))  # the fused post-op is exact GELU of the same product
+        gelu = PackedLinear([linear], int8=True, activation="gelu")(x)  # the fused post-op: exact GELU of the same
         assert (gelu.double() - torch.nn.functional.gelu(expected)).abs().max() <= 1e-5 * expected.abs().max()
+
+
+def _cpu_flags() -> set[str]:
+    """The CPU's feature flags as the kernel reports them (Linux), independently of torch and oneDNN."""
+    for line in open("/proc/cpuinfo").read().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+@pytest.mark.cpu_semantics
+@needs_onednn
+@pytest.mark.skipif(not os.path.exists("/proc/cpuinfo"), reason="reads the CPU flags from Linux's /proc/cpuinfo")
+def test_saturation_probe_follows_the_instructions_onednn_may_use(real_activations):
+    """`int8_products_saturate` says True exactly where oneDNN has no VNNI to use: the CPU lacks AVX512_VNNI and
+    AVX-VNNI, or oneDNN is held below them (`ONEDNN_MAX_CPU_ISA=AVX2` or `AVX512_CORE`). Where it says True, 8-bit
+    weights really do give wrong products on real activations and weights (the probe is not vacuous), and the 7-bit
+    weights the CPU gets are exact."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    has_vnni = bool({"avx512_vnni", "avx_vnni"} & _cpu_flags())
+    assert cpu_inference.int8_products_saturate() == (not has_vnni or cap in ("AVX2", "AVX512_CORE"))
+    if not cpu_inference.int8_products_saturate():
+        return
+    model, seen = real_activations
+    linear, x = model.encoder.layers[0].mlp.up_proj, seen["up"]  # LayerNorm outputs: large at both ends
+    weight = linear.weight.detach().double()
+    q, scale, zero_point = quantize_per_tensor_uint8(x)
+    errors = {}
+    for levels in (127, 63):
+        weight_scale = weight.abs().amax(1, keepdim=True) / levels
+        expected = ((q.double() - zero_point) * scale) @ (
+            torch.round(weight / weight_scale).clamp(-levels, levels) * weight_scale
+        ).T + linear.bias.double()
+        got = PackedLinear([linear], int8=True, weight_levels=levels)(x).double()
+        errors[levels] = ((got - expected).abs().max() / expected.abs().max()).item()
+    assert errors[127] > 1e-3 and errors[63] <= 1e-5, errors
 
 
 def test_evaluate_int8_reports_the_trainers_accuracy_for_fp32(classification_run, tmp_path):

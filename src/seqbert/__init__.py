@@ -17,7 +17,7 @@ from transformers import (
 )
 
 from .configuration_seqbert import SEQBERT_VERSION, SeqBertConfig
-from .cpu_inference import optimize_for_cpu_inference
+from .cpu_inference import CpuInferencePlan, UnsupportedCpuError, optimize_for_cpu_inference
 from .ctranslate2_loader import register_ctranslate2_loader_on_import
 from .modeling_seqbert import (
     SeqBertForCausalLM,
@@ -66,4 +66,6 @@ __all__ = [
     "SeqBertForCausalLM",
     "SeqBertForConditionalGeneration",
     "optimize_for_cpu_inference",
+    "CpuInferencePlan",
+    "UnsupportedCpuError",
 ]

@@ -1,0 +1,42 @@
+"""The CPU-dependent tests (marked `cpu_semantics`: int8 products, the saturation probe, every plan's kernels) once
+more with torch and oneDNN held to AVX2, whatever CPU runs the suite.
+
+An ISA cap reproduces an older CPU's instruction semantics (oneDNN's AVX2 level has no VNNI, so its u8 x s8 products
+sum pairs in saturating int16, as on an AMD Zen 3), not its speed. Run on an AVX-512 machine, the suite alone never
+took those kernels, and an int8 linear that was wrong on every AVX2 CPU passed here; with this run a saturation
+fault fails on any x86 machine. The same can be run by hand:
+
+    ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 python -m pytest -m cpu_semantics -n 0
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from seqbert.cpu_inference import onednn_available
+
+
+ROOT = Path(__file__).resolve().parents[1]
+CAP = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+
+
+@pytest.mark.skipif(not onednn_available(), reason="the AVX2 cap applies to x86 CPUs with oneDNN")
+def test_cpu_dependent_tests_pass_with_torch_and_onednn_held_to_avx2():
+    command = [sys.executable, "-m", "pytest", "-m", "cpu_semantics", "-n", "0", "-p", "no:cacheprovider", "-rA", "-q"]
+    command += ["tests/test_int8.py", "tests/test_cpu_inference.py"]
+    result = subprocess.run(
+        command, cwd=ROOT, env={**os.environ, **CAP}, capture_output=True, text=True, timeout=900
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    # The tests that would catch a saturation fault ran under the cap (none skipped), the probe saying it saturates.
+    for test in (
+        "test_int8.py::test_int8_linear_is_the_dequantized_product",
+        "test_int8.py::test_saturation_probe_follows_the_instructions_onednn_may_use",
+        "test_cpu_inference.py::test_every_plan_gives_berts_numbers",
+        "test_cpu_inference.py::test_int8_optimized_model_keeps_sentence_embeddings",
+    ):
+        assert f"PASSED tests/{test}" in output, output[-6000:]
