@@ -3,6 +3,9 @@
 (`SeqBertConfig.sparse_prediction`): only the labelled positions reach the vocabulary projection, with the loss, the
 gradients and the evaluation of dense scoring, on the real MiniLM weights and real text."""
 
+import json
+from pathlib import Path
+
 import benchmark_pretraining  # noqa: E402  (scripts/benchmarks, on sys.path by conftest)
 import datasets
 import pytest
@@ -16,6 +19,7 @@ from transformers import (
     BertForMaskedLM,
     DataCollatorForLanguageModeling,
     Trainer,
+    TrainerState,
     TrainingArguments,
 )
 
@@ -344,30 +348,81 @@ def _sentiment_probe_accuracy(encoder, tokenizer) -> float:
     return classifier.score(features["scored"], scored["label"])
 
 
+# The continued-pretraining guard's run: the script's defaults for this many steps.
+CONTINUED_STEPS = 10
+# How far a run of CONTINUED_STEPS steps must move each weight matrix and embedding of the encoder (its largest
+# change). Adam moves a trained weight by about the learning rate at each step, here 2.5e-4 in all over the 10 steps
+# (5e-5 after one warm-up step from 0, then a linear decay); measured 2026-11-27 after the guard's run, the weight
+# matrices' largest changes: 2.5e-4 (the position embeddings) to 2.6e-4. A run that trains nothing moves none.
+MIN_WEIGHT_CHANGE = 1e-4
+
+
+def _check_continued_pretraining(run_dir: Path, tokenizer) -> dict[str, float]:
+    """
+    The continued-pretraining guard on the run_mlm.py output folder `run_dir` (trained from the packaged MiniLM
+    checkpoint): the run trained its CONTINUED_STEPS steps (its `trainer_state.json`), its encoder moved away from the
+    checkpoint's (each weight matrix and embedding by at least MIN_WEIGHT_CHANGE somewhere), and a logistic regression
+    on its frozen features (`_sentiment_probe_accuracy`) scores within 0.05 of the checkpoint's own. Raises
+    AssertionError otherwise; returns both accuracies.
+
+    A run that trains nothing keeps the checkpoint's features, so the accuracy bound alone would pass it: the step and
+    weight checks fail it first (and before the probe's cost).
+    """
+    state = json.loads((run_dir / "trainer_state.json").read_text(encoding="utf-8"))
+    assert state["global_step"] == CONTINUED_STEPS, f"the run trained {state['global_step']} of {CONTINUED_STEPS} steps"
+    encoders = {
+        "direct": seqbert.SeqBertModel.from_bert_pretrained(minilm_checkpoint_path()),
+        "continued": AutoModelForMaskedLM.from_pretrained(run_dir).seqbert,
+    }
+    checkpoint = encoders["direct"].state_dict()
+    changes = {
+        name: (weight - checkpoint[name]).abs().max().item()
+        for name, weight in encoders["continued"].state_dict().items()
+    }
+    stuck = [name for name, change in changes.items() if checkpoint[name].dim() == 2 and change < MIN_WEIGHT_CHANGE]
+    assert not stuck, f"moved less than {MIN_WEIGHT_CHANGE:g} (at most {max(changes.values()):.2g}): {stuck}"
+    accuracies = {name: _sentiment_probe_accuracy(encoder.eval(), tokenizer) for name, encoder in encoders.items()}
+    assert accuracies["continued"] >= accuracies["direct"] - 0.05, accuracies
+    return accuracies
+
+
 def test_a_short_continued_run_keeps_what_the_checkpoint_knows_of_sentiment(tokenizer, tmp_path):
     """Continued pretraining with the script's defaults (run_mlm.CONTINUED_PRETRAINING) must never leave a checkpoint
     worse for fine-tuning than it started. The from-scratch recipe (learning rate 2e-3, 30 % masking) did: fine-tuned
     accuracy 0.5765 against 0.7715 after 300 steps on the main job, 0.562 against 0.698 after 30 steps (2026-11-26).
 
-    The same verdict, cheaper: the packaged MiniLM checkpoint continues pretraining on the Rotten Tomatoes text for 10
-    steps, then a logistic regression on its frozen features (`_sentiment_probe_accuracy`, 500 snippets, 500 scored)
-    must score within 0.05 of the checkpoint's own. Measured 2026-11-27 (AMD EPYC with avx512_bf16, 2 cores, one
-    thread, bf16 training), seeds 42, 1, 2: the checkpoint 0.712; continued 0.708, 0.694, 0.708; the from-scratch
-    learning rate and masking 0.562 at every seed (the majority class's share: its features no longer tell the classes
-    apart), as after 20 and 30 steps. The bound lies 0.03 under the lowest continued seed and 0.10 above the
-    from-scratch recipe. The held-out masked-LM loss does not tell them apart: the checkpoint has no masked-LM head, the
-    new head dominates the loss and the from-scratch learning rate trains it faster (after 10 steps, at 15 % masking
-    for both: 7.39 to 7.63 nats from scratch, 8.05 to 8.14 continued, 10.76 before)."""
+    The same verdict, cheaper (`_check_continued_pretraining`): the packaged MiniLM checkpoint continues pretraining
+    on the Rotten Tomatoes text for 10 steps, which must run and move the weights, then a logistic regression on its
+    frozen features (`_sentiment_probe_accuracy`, 500 snippets, 500 scored) must score within 0.05 of the
+    checkpoint's own. Measured 2026-11-27 (AMD EPYC with avx512_bf16, 2 cores, one thread, bf16 training), seeds 42,
+    1, 2: the checkpoint 0.712; continued 0.708, 0.694, 0.708; the from-scratch learning rate and masking 0.562 at
+    every seed (the majority class's share: its features no longer tell the classes apart), as after 20 and 30 steps.
+    The bound lies 0.03 under the lowest continued seed and 0.10 above the from-scratch recipe. The held-out masked-LM
+    loss does not tell them apart: the checkpoint has no masked-LM head, the new head dominates the loss and the
+    from-scratch learning rate trains it faster (after 10 steps, at 15 % masking for both: 7.39 to 7.63 nats from
+    scratch, 8.05 to 8.14 continued, 10.76 before)."""
     continued = tmp_path / "continued"
     run_mlm.main(
         [
             "--model_name_or_path", str(minilm_checkpoint_path()), "--offline_corpus", "rotten_tomatoes",
-            "--max_steps", "10", "--eval_strategy", "no", "--no_do_eval", "--output_dir", str(continued),
+            "--max_steps", str(CONTINUED_STEPS), "--eval_strategy", "no", "--no_do_eval", "--output_dir", str(continued),
         ]
     )  # fmt: skip
-    encoders = {
-        "direct": seqbert.SeqBertModel.from_bert_pretrained(minilm_checkpoint_path()),
-        "continued": AutoModelForMaskedLM.from_pretrained(continued).seqbert,
-    }
-    accuracies = {name: _sentiment_probe_accuracy(encoder.eval(), tokenizer) for name, encoder in encoders.items()}
-    assert accuracies["continued"] >= accuracies["direct"] - 0.05, accuracies
+    _check_continued_pretraining(continued, tokenizer)
+
+
+@pytest.mark.parametrize(
+    ("steps", "match"),
+    [(0, "trained 0 of 10 steps"), (CONTINUED_STEPS, r"moved less than 0.0001 \(at most 0\)")],
+    ids=["no-step", "no-weight-moved"],
+)
+def test_the_continued_pretraining_guard_fails_a_run_that_trains_nothing(steps, match, tokenizer, tmp_path):
+    """A run that trains nothing (no step, or steps that moved no weight, as with learning rate 0) leaves the
+    checkpoint's encoder, whose features pass the guard's accuracy bound (they are the checkpoint's own): the guard
+    must fail it on its steps or its weights. Fed what such a run writes: the packaged MiniLM checkpoint as
+    `SeqBertForMaskedLM` and a trainer state at `steps`."""
+    folder = tmp_path / "no-op"
+    seqbert.SeqBertForMaskedLM.from_bert_pretrained(minilm_checkpoint_path()).save_pretrained(folder)
+    TrainerState(global_step=steps, max_steps=CONTINUED_STEPS).save_to_json(str(folder / "trainer_state.json"))
+    with pytest.raises(AssertionError, match=match):
+        _check_continued_pretraining(folder, tokenizer)
