@@ -1,5 +1,7 @@
 """Training at scale, proven on CPU: `Trainer` under torchrun with 2 gloo processes equals 1 process with the same
-global batch; an interrupted run, even one that crashed while writing a checkpoint, resumes to bit-identical weights.
+global batch; the loss it logs for seqbert is the mean over the global batch, and for transformers' BERT world size
+(and accumulation steps) times it; an interrupted run, even one that crashed while writing a checkpoint, resumes to
+bit-identical weights.
 
 The runs are tiny SeqBERT models on real text (tests/trainer_job.py): Rotten Tomatoes snippets for classification
 and masked-LM, King James -> World English verse pairs for seq2seq.
@@ -13,10 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import SCRIPT_PATHS
 from safetensors.torch import load_file
 from transformers.trainer_utils import get_last_checkpoint
 
+import seqbert
 from seqbert.training import STAGING_DIR
 
 
@@ -40,28 +44,65 @@ def _launch(nproc: int, runs: list[dict], tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
 
 
+def _equivalence_runs(output_dir: Path) -> list[dict]:
+    """Every variant for 4 steps of global batch 8, and classification once more in a plain loop (FSDP2-sharded over 2
+    processes, unsharded in 1)."""
+    runs = [
+        {
+            "name": f"{task}-gc{int(gc)}",
+            "task": task,
+            "gradient_checkpointing": gc,
+            "output_dir": str(output_dir),
+            "global_batch": 8,
+            "max_steps": 4,
+        }
+        for task, gc in VARIANTS
+    ]
+    return [*runs, {**runs[0], "name": "classification-fsdp", "fsdp": True, "gradient_checkpointing": False}]
+
+
+# The runs of the loss tests below: (task, model, Trainer's `average_tokens_across_devices`), `model` as trainer_job's
+# `bert`: "transformers" (transformers' BERT head) or "converted" (seqbert's head with the same weights). Both models
+# of both tasks with Trainer's default (True); with False, BERT's classification and seqbert's masked-LM head.
+LOSS_RUNS = [
+    *((task, model, True) for task in ("classification", "mlm") for model in ("transformers", "converted")),
+    ("classification", "transformers", False),
+    ("mlm", "converted", False),
+]
+
+
+def _loss_run_name(task: str, model: str, average: bool) -> str:
+    return f"loss-{task}-{'bert' if model == 'transformers' else 'seqbert'}-{'average' if average else 'local'}"
+
+
 @pytest.fixture(scope="module")
-def one_and_two_processes(tmp_path_factory):
-    """Every variant trained for 4 steps of global batch 8: once in 1 process, once in 2 (4 examples each)."""
+def two_processes(tmp_path_factory) -> Path:
+    """One torchrun launch of 2 gloo processes: the equivalence runs (4 examples a process), then the loss runs, 3
+    steps of global batch 8 with `Trainer`'s defaults (trainer_job's `bert` runs)."""
     tmp_path = tmp_path_factory.mktemp("ddp")
-    outputs = {}
-    for nproc in (1, 2):
-        runs = [
-            {
-                "name": f"{task}-gc{int(gc)}",
-                "task": task,
-                "gradient_checkpointing": gc,
-                "output_dir": str(tmp_path / f"nproc{nproc}"),
-                "global_batch": 8,
-                "max_steps": 4,
-            }
-            for task, gc in VARIANTS
-        ]
-        # Classification once more in a plain loop: FSDP2-sharded over 2 processes, unsharded in 1.
-        runs.append({**runs[0], "name": "classification-fsdp", "fsdp": True, "gradient_checkpointing": False})
-        _launch(nproc, runs, tmp_path)
-        outputs[nproc] = tmp_path / f"nproc{nproc}"
-    return outputs
+    output_dir = tmp_path / "nproc2"
+    loss_runs = [
+        {
+            "name": _loss_run_name(task, model, average),
+            "task": task,
+            "bert": model,
+            "training_args": {"average_tokens_across_devices": average},
+            "output_dir": str(output_dir),
+            "global_batch": 8,
+            "max_steps": 3,
+        }
+        for task, model, average in LOSS_RUNS
+    ]
+    _launch(2, [*_equivalence_runs(output_dir), *loss_runs], tmp_path)
+    return output_dir
+
+
+@pytest.fixture(scope="module")
+def one_and_two_processes(tmp_path_factory, two_processes):
+    """The equivalence runs once in 1 process and once in 2 (`two_processes`)."""
+    tmp_path = tmp_path_factory.mktemp("one_process")
+    _launch(1, _equivalence_runs(tmp_path / "nproc1"), tmp_path)
+    return {1: tmp_path / "nproc1", 2: two_processes}
 
 
 def _max_delta(a: dict, b: dict) -> float:
@@ -99,6 +140,160 @@ def test_fsdp2_over_two_processes_ends_with_the_weights_of_one(one_and_two_proce
     rank0, rank1 = load_file(folder / "rank0.safetensors"), load_file(folder / "rank1.safetensors")
     assert _max_delta(rank0, rank1) == 0.0
     assert _max_delta(single, rank0) <= TOLERANCE
+
+
+WORLD_SIZE = 2
+
+
+def _logged_steps(folder: Path, processes: int) -> list[dict]:
+    """What `Trainer` logged at each step (`loss`, `grad_norm`), the same in every process."""
+    logs = [json.loads((folder / f"rank{rank}.json").read_text())["log_history"] for rank in range(processes)]
+    steps = [[entry for entry in log if "loss" in entry] for log in logs]
+    assert all(log == steps[0] for log in steps)
+    return steps[0]
+
+
+def _references(folder: Path, task: str, model: str, processes: int, loss: str, accumulation: int = 1) -> list[dict]:
+    """
+    For each optimizer step of a run (`trainer_job.record_steps`), computed here without `Trainer`: the model of
+    `task` and `model` loaded with the weights the step began from scores the batches every process trained on in it
+    (`processes` x `accumulation` batches), and a plain cross-entropy gives
+
+    - `mean`: the mean over the labelled positions of all of them (the global batch);
+    - `mean_of_batch_means`: the mean of the batches' own means;
+    - `counts`: each batch's labelled positions;
+    - `grad_norm`: the norm of the gradient of `loss` (`"mean"` or `"mean_of_batch_means"`), with `loss` its name.
+    """
+    tokenizer = trainer_job.AutoTokenizer.from_pretrained(trainer_job.minilm_checkpoint_path())
+    reference_model = trainer_job.bert_model(task, tokenizer, model)
+    parameters = [p for p in reference_model.parameters() if p.requires_grad]
+    recorded = [torch.load(folder / f"rank{rank}_steps.pt") for rank in range(processes)]
+    assert len({len(batches) for batches in recorded}) == 1 and len(recorded[0]) % accumulation == 0
+    references = []
+    for start in range(0, len(recorded[0]), accumulation):
+        reference_model.load_state_dict(recorded[0][start]["weights"])
+        sums, counts = [], []
+        for batches in recorded:
+            for recorded_batch in batches[start : start + accumulation]:
+                inputs = dict(recorded_batch["batch"])
+                labels = inputs.pop("labels")
+                logits = reference_model(**inputs).logits
+                sums.append(F.cross_entropy(logits.flatten(0, -2), labels.flatten(), reduction="sum"))
+                counts.append(int((labels != -100).sum()))
+        losses = {
+            "mean": sum(sums) / sum(counts),
+            "mean_of_batch_means": sum(s / c for s, c in zip(sums, counts, strict=True)) / len(counts),
+        }
+        grads = torch.autograd.grad(losses[loss], parameters, allow_unused=True)
+        grad_norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads if g is not None])).item()
+        values = {name: value.item() for name, value in losses.items()}
+        references.append({**values, "counts": counts, "loss": loss, "grad_norm": grad_norm})
+    return references
+
+
+def _assert_logged(logged: list[dict], references: list[dict], factor: int = 1) -> None:
+    """At every step `Trainer` logged `factor` times the reference loss (`_references`' `loss`), and the norm of
+    `factor` times its gradient (before clipping)."""
+    assert references
+    for step, (entry, reference) in enumerate(zip(logged, references, strict=True), start=1):
+        assert entry["loss"] == pytest.approx(factor * reference[reference["loss"]], rel=1e-5), (step, entry, reference)
+        assert entry["grad_norm"] == pytest.approx(factor * reference["grad_norm"], rel=1e-4), (step, entry, reference)
+
+
+@pytest.mark.parametrize("task", ["classification", "mlm"])
+def test_trainer_logs_seqberts_mean_loss_and_world_size_times_it_for_bert(two_processes, task):
+    """
+    `Trainer` with its defaults (transformers 5.24: `average_tokens_across_devices=True`, `max_grad_norm=1.0`) under
+    DDP, 2 gloo processes of 4 real snippets each, 3 steps: transformers' BERT head and seqbert's, from the same
+    weights. transformers passes `num_items_in_batch` (the labelled positions of the global batch) to any model whose
+    forward takes `**kwargs`, and multiplies its loss by the number of processes, expecting the model to have divided
+    by that global count (DDP then averages the gradients). BERT's heads take `**kwargs` and ignore the count, so their
+    loss and gradients come out world-size times the mean. Checked against the mean over the global batch computed
+    here from the recorded weights and batches:
+
+    - seqbert logs that mean and the norm of its gradient: the masked-LM head divides by the global count (a token
+      mean, also when the processes hold different numbers of masked tokens), the classification head
+      (`accepts_loss_kwargs = False`) is a per-batch mean that Trainer leaves alone and DDP averages;
+    - BERT logs 2 x the mean of the two processes' means and 2 x its gradient norm (for classification, 4 labels in
+      each process, 2 x the mean); at step 1, from the same weights, exactly twice seqbert's loss;
+    - with `average_tokens_across_devices=False` (docs/training-at-scale.md) BERT and seqbert both log the mean of the
+      processes' means.
+    """
+    runs = [(model, average) for t, model, average in LOSS_RUNS if t == task]
+    bert, seqbert = ("transformers", True), ("converted", True)
+    # Each run against the mean it logs: the global batch's (seqbert, Trainer's default) or the processes' own means'.
+    losses = {key: "mean" if key == seqbert else "mean_of_batch_means" for key in runs}
+    logged, references = {}, {}
+    for key in runs:
+        folder = two_processes / _loss_run_name(task, *key)
+        assert json.loads((folder / "rank1.json").read_text())["wrapped_class"] == "DistributedDataParallel"
+        logged[key] = _logged_steps(folder, WORLD_SIZE)
+        references[key] = _references(folder, task, key[0], WORLD_SIZE, losses[key])
+    # The same weights and batches at step 1 (seqbert's head converted from BERT's): one reference for both.
+    assert references[bert][0]["counts"] == references[seqbert][0]["counts"]
+    assert references[bert][0]["mean"] == pytest.approx(references[seqbert][0]["mean"], rel=1e-6)
+    assert logged[bert][0]["loss"] == pytest.approx(WORLD_SIZE * logged[seqbert][0]["loss"], rel=1e-5)
+    _assert_logged(logged[seqbert], references[seqbert])
+    _assert_logged(logged[bert], references[bert], factor=WORLD_SIZE)
+    if task == "classification":
+        # 4 labels in each process: the mean of the processes' means is the mean, and BERT's loss twice it.
+        for reference in references[bert] + references["transformers", False]:
+            assert reference["counts"] == [4, 4] and reference["mean_of_batch_means"] == pytest.approx(
+                reference["mean"], rel=1e-6
+            )
+        _assert_logged(logged["transformers", False], references["transformers", False])
+    else:
+        # The processes masked different numbers of tokens at some step, where the token mean seqbert logs differs
+        # from the mean of the processes' means.
+        uneven = [r for r in references[seqbert] if r["counts"][0] != r["counts"][1]]
+        assert uneven and all(abs(r["mean"] / r["mean_of_batch_means"] - 1) > 1e-4 for r in uneven), uneven
+        _assert_logged(logged["converted", False], references["converted", False])
+
+
+def test_trainer_logs_bert_loss_times_the_accumulation_steps(tmp_path):
+    """`Trainer` in one process with `gradient_accumulation_steps=2` (2 steps of 2 batches of 4 real snippets),
+    transformers' BERT classification head and seqbert's from the same weights, against the mean over each step's 8
+    snippets computed here (`_references`). transformers does not divide by the accumulation steps a loss it passed
+    `num_items_in_batch` to, so BERT's logged loss and gradients are 2 x the mean (with DDP on top, world size x
+    accumulation steps). seqbert's classification head (`accepts_loss_kwargs = False`) leaves the division to
+    Trainer, and logs the mean; so does BERT's once given `accepts_loss_kwargs = False` (docs/training-at-scale.md)."""
+    runs = {
+        "bert": ("transformers", None),
+        "bert-accepts-no-loss-kwargs": ("transformers", False),
+        "seqbert": ("converted", None),
+    }
+    logged, references = {}, {}
+    for name, (model, accepts_loss_kwargs) in runs.items():
+        run = {"name": name, "task": "classification", "bert": model, "global_batch": 4, "max_steps": 2}
+        run.update(output_dir=str(tmp_path), training_args={"gradient_accumulation_steps": 2})
+        if accepts_loss_kwargs is not None:
+            run["accepts_loss_kwargs"] = accepts_loss_kwargs
+        trainer_job.train(run)
+        logged[name] = _logged_steps(tmp_path / name, 1)
+        references[name] = _references(tmp_path / name, "classification", model, 1, "mean", accumulation=2)
+        assert all(reference["counts"] == [4, 4] for reference in references[name])
+    _assert_logged(logged["bert"], references["bert"], factor=2)
+    _assert_logged(logged["bert-accepts-no-loss-kwargs"], references["bert-accepts-no-loss-kwargs"])
+    _assert_logged(logged["seqbert"], references["seqbert"])
+
+
+def test_every_seqbert_model_tells_trainer_whether_its_loss_divides_by_the_count():
+    """`Trainer` passes `num_items_in_batch` and scales the loss by the process count for a model whose
+    `accepts_loss_kwargs` is True or, without that attribute, whose forward takes `**kwargs`, as every seqbert forward
+    does. seqbert sets the attribute itself, so the tests above do not hang on a signature: True where the loss
+    divides its sum by the count (the token-level heads; the bare models have no loss), False where it is a mean over
+    its own batch."""
+    own_mean = {"SeqBertForSequenceClassification", "SeqBertForQuestionAnswering", "SeqBertForMultipleChoice"}
+    models = [getattr(seqbert, name) for name in seqbert.__all__]
+    models = [
+        model for model in models if isinstance(model, type) and issubclass(model, seqbert.SeqBertPreTrainedModel)
+    ]
+    assert {"SeqBertForMaskedLM", "SeqBertForCausalLM", "SeqBertForConditionalGeneration"} <= {
+        m.__name__ for m in models
+    }
+    for model in models:
+        assert any("accepts_loss_kwargs" in vars(cls) for cls in model.__mro__ if cls.__module__.startswith("seqbert."))
+        assert model.accepts_loss_kwargs is (model.__name__ not in own_mean), model.__name__
 
 
 def test_ddp_runs_really_were_data_parallel(one_and_two_processes):

@@ -14,11 +14,18 @@ RUNS.json is a list of runs, trained one after the other in the same process(es)
   process the same loop runs unsharded), `dropout` (0.0: processes draw different dropout masks, so equivalence
   tests switch it off), `save_steps` (no checkpoints), `resume` (False; True resumes from the last checkpoint),
   `crash_saving_step` (raise while saving the checkpoint of that step, after its weights are written), `eval_steps`
-  (evaluate on the first 16 examples every that many steps; default never).
+  (evaluate on the first 16 examples every that many steps; default never), `training_args` (more `TrainingArguments`
+  keywords), `bert` (None; `"transformers"` trains transformers' `BertForSequenceClassification` / `BertForMaskedLM`
+  on a tiny post-LN `BertConfig` drawn from `torch.manual_seed(0)`, `"converted"` the SeqBERT head of the same task
+  holding those very weights; both train with plain `transformers.Trainer`, and every process records what each step
+  trained on: `record_steps`), `accepts_loss_kwargs` (the model's own; given: set on the model, which `Trainer` then
+  reads instead of its forward's signature).
 
 Every process writes its final (full, unsharded) weights to `output_dir/name/rank{R}.safetensors`, and to
 `rank{R}.json` how it was wrapped (accelerate's `distributed_type`, the wrapped model's class). The model is built from
 `torch.manual_seed(0)` on a tiny pre-LN or post-LN config whose vocabulary is the real MiniLM WordPiece tokenizer's.
+`rank{R}.json` also holds the run's `log_history` (what `Trainer` logged), and process R of a `bert` run writes the
+list `record_steps` fills to `rank{R}_steps.pt`.
 """
 
 import json
@@ -31,12 +38,17 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from transformers import (
     AutoTokenizer,
+    BertConfig,
+    BertForMaskedLM,
+    BertForSequenceClassification,
     DataCollatorForSeq2Seq,
     DataCollatorWithPadding,
+    Trainer,
     TrainingArguments,
 )
 
 import seqbert
+from seqbert.convert_bert import bert_state_dict_to_seqbert
 from seqbert.data import bible_verse_pairs, load_rotten_tomatoes, minilm_checkpoint_path
 from seqbert.training import DataCollatorForResumableMasking, SeqBertTrainer
 
@@ -48,6 +60,58 @@ FSDP_UNITS = seqbert.SeqBertPreTrainedModel._no_split_modules
 
 class SavingCrash(RuntimeError):
     """Raised by `crash_saving_step` runs in the middle of writing a checkpoint."""
+
+
+# The `bert` runs' models: transformers' BERT head and the SeqBERT head of each task.
+BERT_HEADS = {
+    "classification": (BertForSequenceClassification, seqbert.SeqBertForSequenceClassification),
+    "mlm": (BertForMaskedLM, seqbert.SeqBertForMaskedLM),
+}
+
+
+def bert_model(task: str, tokenizer, kind: str):
+    """A tiny BERT head of `task` from `torch.manual_seed(0)` without dropout: transformers' own (`kind` is
+    `"transformers"`) or the SeqBERT head holding the same weights (`"converted"`: post-LN, the same outputs)."""
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        pad_token_id=tokenizer.pad_token_id,
+        num_labels=2,
+    )
+    bert_class, seqbert_class = BERT_HEADS[task]
+    torch.manual_seed(0)
+    bert = bert_class(config)
+    if kind == "transformers":
+        return bert
+    seqbert_config = seqbert.SeqBertConfig.from_bert_config(config)
+    model = seqbert_class(seqbert_config)
+    missing, unexpected = model.load_state_dict(bert_state_dict_to_seqbert(bert.state_dict(), seqbert_config), False)
+    assert set(missing) <= {"lm_head.decoder.weight"} and not unexpected, (missing, unexpected)  # the tied decoder
+    return model
+
+
+def record_steps(trainer) -> list[dict]:
+    """Make `trainer` record each batch this process trains on (one per optimizer step, or `gradient_accumulation_steps`)
+    in the list it returns: a dict with `batch`, its tensors, and, on process 0, `weights`, the model's state dict as
+    the batch came (DDP keeps the processes' weights equal)."""
+    steps = []
+    training_step = trainer.training_step
+
+    def recording_training_step(model, inputs, num_items_in_batch=None):
+        step = {"batch": {k: v.detach().clone() for k, v in inputs.items() if torch.is_tensor(v)}}
+        if trainer.args.process_index == 0:
+            step["weights"] = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+        steps.append(step)
+        return training_step(model, inputs, num_items_in_batch)
+
+    trainer.training_step = recording_training_step
+    return steps
 
 
 def build(run: dict, tokenizer):
@@ -68,9 +132,8 @@ def build(run: dict, tokenizer):
         decoder_start_token_id=tokenizer.cls_token_id if run["task"] == "seq2seq" else None,
         eos_token_id=tokenizer.sep_token_id if run["task"] == "seq2seq" else None,
     )
-    torch.manual_seed(0)
     if run["task"] == "seq2seq":
-        model = seqbert.SeqBertForConditionalGeneration(config)
+        head = seqbert.SeqBertForConditionalGeneration
         pairs = bible_verse_pairs()[:NUM_EXAMPLES]
         sources, targets = [p[1] for p in pairs], [p[2] for p in pairs]
         encoded = tokenizer(sources, text_target=targets, truncation=True, max_length=32)
@@ -79,13 +142,20 @@ def build(run: dict, tokenizer):
         snippets = load_rotten_tomatoes(num_train=NUM_EXAMPLES, num_validation=1)["train"]
         encoded = tokenizer(list(snippets["text"]), truncation=True, max_length=48)
         if run["task"] == "classification":
-            model = seqbert.SeqBertForSequenceClassification(config)
+            head = seqbert.SeqBertForSequenceClassification
             encoded["labels"] = list(snippets["label"])
             keys = ("input_ids", "attention_mask", "labels")
         else:
-            model = seqbert.SeqBertForMaskedLM(config)
+            head = seqbert.SeqBertForMaskedLM
             keys = ("input_ids", "attention_mask", "special_tokens_mask")
             encoded = tokenizer(list(snippets["text"]), truncation=True, max_length=48, return_special_tokens_mask=True)
+    if run.get("bert"):
+        model = bert_model(run["task"], tokenizer, run["bert"])
+    else:
+        torch.manual_seed(0)
+        model = head(config)
+    if "accepts_loss_kwargs" in run:
+        model.accepts_loss_kwargs = run["accepts_loss_kwargs"]
     examples = [dict(zip(keys, values, strict=True)) for values in zip(*(encoded[k] for k in keys), strict=True)]
     return model, examples
 
@@ -136,7 +206,7 @@ def train_fsdp2(run: dict) -> None:
     save_weights(model, output_dir, rank, {**wrapping, "wrapped_class": type(model).__name__})
 
 
-def train(run: dict) -> SeqBertTrainer:
+def train(run: dict) -> Trainer:
     """Train one run (see the module docstring) and return its trainer; on rank R write `rank{R}.safetensors`."""
     tokenizer = AutoTokenizer.from_pretrained(minilm_checkpoint_path())
     model, examples = build(run, tokenizer)
@@ -159,8 +229,10 @@ def train(run: dict) -> SeqBertTrainer:
         use_cpu=True,
         seed=0,
         disable_tqdm=True,
+        **run.get("training_args", {}),
     )
-    trainer = SeqBertTrainer(
+    trainer_class = Trainer if run.get("bert") else SeqBertTrainer
+    trainer = trainer_class(
         model=model,
         args=args,
         train_dataset=examples,
@@ -178,11 +250,15 @@ def train(run: dict) -> SeqBertTrainer:
             save_rng_state(folder)
 
         trainer._save_rng_state = crashing_save_rng_state
+    steps = record_steps(trainer) if run.get("bert") else None
     trainer.train(resume_from_checkpoint=True if run.get("resume") else None)
+    if steps is not None:
+        torch.save(steps, os.path.join(output_dir, f"rank{trainer.args.process_index}_steps.pt"))
     wrapping = {
         "distributed_type": str(trainer.accelerator.distributed_type),
         "wrapped_class": type(trainer.model_wrapped).__name__,
         "gradient_checkpointing": trainer.model.is_activation_checkpointing,
+        "log_history": trainer.state.log_history,
     }
     save_weights(trainer.model, output_dir, trainer.args.process_index, wrapping)
     return trainer

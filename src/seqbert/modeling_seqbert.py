@@ -599,6 +599,14 @@ class SeqBertPreTrainedModel(PreTrainedModel):
     _can_record_outputs = {"hidden_states": SeqBertLayer, "attentions": SeqBertSelfAttention}
     # What `from_bert_pretrained` converts a BERT checkpoint into (see `convert_bert.load_bert_as_seqbert_state_dict`).
     _bert_conversion_target = "encoder"
+    # Read by `Trainer` instead of the forward's signature (every forward here takes `**kwargs`, which Trainer would
+    # read as True). True: Trainer passes `num_items_in_batch`, the labelled positions of the accumulated batch of every
+    # process; the token-level losses (masked LM, token classification, causal LM, seq2seq) divide their sum by it, and
+    # the factor Trainer then applies under DDP (the number of processes, `average_tokens_across_devices`) cancels DDP's
+    # gradient averaging: loss and gradients are the mean over the global batch. Heads whose loss is a mean over their
+    # own batch set False: Trainer passes no count, multiplies nothing and divides by the accumulation steps itself.
+    # BERT's heads take `**kwargs` but ignore the count, so Trainer overcounts theirs (docs/training-at-scale.md).
+    accepts_loss_kwargs = True
 
     def __init__(self, config: SeqBertConfig, *inputs, **kwargs):
         """
