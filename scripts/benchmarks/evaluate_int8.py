@@ -28,7 +28,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, TorchAoConfig
 
 import seqbert
-from seqbert.cpu_inference import bf16_linear_available
+from seqbert.cpu_inference import bf16_linear_available, int8_weight_levels
 from seqbert.data import load_rotten_tomatoes
 from seqbert.metrics import ACCURACY_PATH
 from seqbert.script_utils import ScriptInputError, parse_arguments, run_cli, script_parser, write_json
@@ -83,13 +83,14 @@ def main(argv: list[str] | None = None) -> dict:
         )
         for start in range(0, len(texts), args.batch_size)
     ]
+    # The optimized copies time their kernels on batches like these (`CpuInferencePlan`, recorded below).
     models = {
         "fp32": fp32,
-        "fp32_optimized": seqbert.optimize_for_cpu_inference(fp32),
-        "int8": seqbert.optimize_for_cpu_inference(fp32, int8=True),
+        "fp32_optimized": seqbert.optimize_for_cpu_inference(fp32, example_inputs=batches[0]),
+        "int8": seqbert.optimize_for_cpu_inference(fp32, int8=True, example_inputs=batches[0]),
     }
     if bf16_linear_available():
-        models["bf16"] = seqbert.optimize_for_cpu_inference(fp32, dtype=torch.bfloat16)
+        models["bf16"] = seqbert.optimize_for_cpu_inference(fp32, dtype=torch.bfloat16, example_inputs=batches[0])
     for name, recipe in torchao_recipes().items():
         quantization = TorchAoConfig(recipe)
         models[name] = AutoModelForSequenceClassification.from_pretrained(
@@ -108,6 +109,10 @@ def main(argv: list[str] | None = None) -> dict:
             "accuracy": accuracy.compute(predictions=predictions, references=snippets["label"])["accuracy"],
             **median_and_spread(seconds[name]),
         }
+        if hasattr(models[name], "cpu_inference_plan"):
+            results[name]["plan"] = models[name].cpu_inference_plan.summary()
+    # 8-bit weights where this CPU's int8 products are exact, 7-bit where they saturate (no VNNI).
+    results["int8_weight_bits"] = 8 if int8_weight_levels() == 127 else 7
     results["accuracy_change_points"] = 100 * (results["int8"]["accuracy"] - results["fp32"]["accuracy"])
     results["same_prediction"] = (logits["fp32"].argmax(-1) == logits["int8"].argmax(-1)).float().mean().item()
     results["max_abs_logit_delta"] = (logits["fp32"] - logits["int8"]).abs().max().item()
@@ -129,6 +134,9 @@ def main(argv: list[str] | None = None) -> dict:
         f"{results['fp32_optimized']['seconds']:.2f} s\n"
         f"  int8 accuracy {results['int8']['accuracy']:.4f}, {results['int8']['seconds']:.2f} s "
         f"({results['int8_speedup']:.2f}x fp32, {results['int8_speedup_over_fp32_optimized']:.2f}x fp32 optimized)\n"
+        f"  int8 weights {results['int8_weight_bits']}-bit; plans: "
+        + "; ".join(f"{name}: {results[name]['plan']}" for name in models if "plan" in results[name])
+        + "\n"
         f"  accuracy change {results['accuracy_change_points']:+.2f} points; same prediction on "
         f"{100 * results['same_prediction']:.1f} % of snippets; max |logit delta| {results['max_abs_logit_delta']:.3f}"
     )

@@ -164,13 +164,13 @@ def int8_weight_levels() -> int:
 
     With weights in [-63, 63] a pair of products is at most 254 x 63 x 2 = 32,004, inside int16, so the products are
     exact again on every x86 CPU. 7-bit weights, rather than 7-bit activations as PyTorch's x86 quantization does with
-    `reduce_range`, because they cost less accuracy here: on MiniLM-L6 and 64 real Rotten Tomatoes snippets, the int8
-    hidden states differ from fp32 by mean |delta| 0.0372 (exact 8-bit), 0.0398 (7-bit weights) and 0.0718 (7-bit
-    activations), min per-token cosine 0.969, 0.942 and 0.894: one scale per output feature absorbs a lost weight bit
-    better than one scale per tensor absorbs a lost activation bit. OpenVINO's post-training quantization offers the
-    same remedy for the same saturation ("Saturation (overflow) issue workaround": 7-bit weights, 8-bit activations).
-    Capping each pair of weights instead (|w_2i| + |w_2i+1| <= 128, exact 8-bit elsewhere) measured worse (mean 0.0444,
-    min cosine 0.912): it cuts the largest weights hardest.
+    `reduce_range`, because they cost less accuracy (`scripts/checks/compare_int8_methods.py`, MiniLM-L6 on 64 real
+    Rotten Tomatoes snippets, int8 hidden states against fp32: mean |delta| 0.0372 with exact 8-bit products, 0.0398
+    with 7-bit weights, 0.0721 with 7-bit activations; min per-token cosine 0.965, 0.945 and 0.884): one scale per
+    output feature absorbs a lost weight bit better than one scale per tensor absorbs a lost activation bit. OpenVINO's
+    post-training quantization offers the same remedy for the same saturation (7-bit weights, 8-bit activations).
+    Capping each same-sign pair of weights instead (|w_2i| + |w_2i+1| <= 128, 8-bit elsewhere) measured worse (mean
+    0.0443, min cosine 0.920): it cuts the largest weights hardest.
     """
     return 63 if int8_products_saturate() else 127
 
@@ -880,9 +880,10 @@ def _check_cpu(int8: bool, dtype: torch.dtype) -> None:
         raise UnsupportedCpuError(
             f"optimize_for_cpu_inference({precision}) needs torch's oneDNN operators on an x86 CPU with AVX2 or "
             f"better; this CPU and torch build have none (CPU capability {capability!r}, oneDNN available "
-            f"{torch.backends.mkldnn.is_available()}). fp32 (the default) runs here on torch's generic operators; for "
-            "int8 on this CPU, export the model to ONNX and quantize it with ONNX Runtime (docs/deploy.md, 'ONNX and "
-            "OpenVINO files in the folder')"
+            f"{torch.backends.mkldnn.is_available()}). fp32 (the default) runs here on torch's generic operators. For "
+            "int8 on this CPU use ONNX Runtime: seqbert.serving_artifacts.save_serving_artifacts(folder) writes "
+            "onnx/model_qint8_quantized.onnx, ONNX Runtime's dynamic int8 quantization of the model (docs/deploy.md, "
+            "'ONNX and OpenVINO files in the folder')"
         )
     if dtype == torch.bfloat16 and not bf16_linear_available():
         raise UnsupportedCpuError(
