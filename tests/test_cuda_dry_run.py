@@ -1,22 +1,32 @@
 """The CUDA dry run: seqbert's CUDA code executed in every CI run, on a CPU, on fake CUDA tensors (`fake_cuda.py`).
 
-Each flow builds the model on one fake H100 (compute capability 9.0), feeds it real Rotten Tomatoes snippets through
-the MiniLM tokenizer, runs the forward (and the backward of a training step, with labels and BERT's attention dropout
-0.1) through torch's real meta kernels, and asserts:
+Each flow builds the model on one fake GPU (an H100, compute capability 9.0, unless the flow says otherwise), feeds it
+real Rotten Tomatoes snippets through the MiniLM tokenizer, runs the forward (and the backward of a training step,
+with labels and BERT's attention dropout 0.1) through torch's real meta kernels, and asserts:
 
 - outputs, loss and gradients are CUDA tensors; no op mixed devices (FakeTensorMode raises) and no tensor of one or
   more dimensions was created on the CPU inside the path (`fake_cuda.CudaPathCheck`);
 - the variable-length flash kernel ran once a layer forward and once backward where the path applies (zero where the
-  fallback or the padded decoder runs), every call within the kernel's argument contract;
-- the host was read once per forward or training step (the reads are served from a CPU run of the same batch: a read
-  the CPU run did not make fails).
+  fallback or the padded decoder runs), every call within the kernel's argument contract, and told the batch's
+  sequences as the kernel trusts them: T, S and `max_seqlen_q` / `max_seqlen_k` equal to those the harness computes
+  from the batch's mask itself (`fake_cuda.SequenceLayout`), which the layout the CPU run of the same batch computed
+  (`UnpaddedBatch.from_mask`, `cu_seqlens` values included) must equal too;
+- which sdpa kernel ran, as sdpa picks it on the fake GPU (`fake_cuda.sdpa_kernel`), and how often (none where the
+  variable-length kernel runs);
+- the host was synced once per forward or training step: every read of a CUDA tensor's value, every copy from the
+  device to the host and every blocking copy from the host to the device counts (the reads are served from a CPU run
+  of the same batch: a read the CPU run did not make, or made from another call site, fails).
 
 Flows: an inference forward; the training step of every head (sequence and token classification, question answering,
 multiple choice, sparse masked LM, causal LM, seq2seq); packed rows from `DataCollatorWithFlattening` with and without
 `cu_seq_lens_q`; gradient checkpointing; fp16 and bf16 weights; fp32 weights under bf16 autocast (what
 `Trainer(bf16=True)` runs); the fallback (projections returning another dtype); pre-LN and post-LN; the seq2seq
-decoder's cached step. Then the planted faults the dry run must catch: a CPU tensor inside the path, int64
-`cu_seqlens`, a second host read, training sent to the fallback.
+decoder's cached step; and the kernel's entry conditions crossed (head size not a multiple of 8, above 256, a compute
+capability 7.5 GPU, fp32 weights without autocast), each sent to sdpa. Then the planted faults the dry run must catch:
+a CPU tensor inside the path, int64 `cu_seqlens`, a key of another dtype, fp32 queries, a query with a strided last
+dimension, `max_seqlen` one too small, a sequence missing from `cu_seqlens`, a second host read, a read only the CUDA
+branch makes, the same read made from another call site, a 0-dim `.cpu()`, a CUDA tensor built from host data, a
+`torch.cuda.synchronize()`, and training sent to the fallback.
 
 Needs a C++ compiler for the fake device (`fake_cuda_shim.py`): without one the module skips, naming what is missing;
 CI sets `SEQBERT_REQUIRE_CUDA_DRY_RUN=1`, under which a skip is a failure. The real GPU tests are `tests/test_cuda.py`.
@@ -24,12 +34,13 @@ CI sets `SEQBERT_REQUIRE_CUDA_DRY_RUN=1`, under which a skip is a failure. The r
 
 import contextlib
 import dataclasses
+from unittest import mock
 
 import fake_cuda
 import fake_cuda_shim
 import pytest
 import torch
-from transformers import BertForSequenceClassification, DataCollatorWithFlattening
+from transformers import BertConfig, BertForSequenceClassification, DataCollatorWithFlattening
 
 import seqbert
 from seqbert import attention_backends
@@ -46,6 +57,12 @@ if fake_cuda_shim.unavailable is not None:
 
 
 LAYERS = 2
+
+# The backward op of each sdpa kernel (`fake_cuda.sdpa_kernel`); the math path has none of its own.
+SDPA_BACKWARD = {
+    "flash": "aten._scaled_dot_product_flash_attention_backward.default",
+    "efficient": "aten._scaled_dot_product_efficient_attention_backward.default",
+}
 
 
 def tiny_config(**overrides) -> seqbert.SeqBertConfig:
@@ -75,16 +92,65 @@ def snippets(tokenizer, rt_texts) -> dict[str, torch.Tensor]:
 
 @dataclasses.dataclass
 class DryRun:
-    """A flow's outcome on the fake GPU: the model, its output, what the path check saw and the host reads served."""
+    """A flow's outcome on the fake GPU: the model, its output, what the path check saw, the host reads served, the
+    host syncs, the sdpa calls by kernel and the batch's sequences."""
 
     model: torch.nn.Module
     output: object
     record: fake_cuda.PathRecord
     reads: list[fake_cuda.HostRead]
+    syncs: list[fake_cuda.HostSync]
+    sdpa: dict[str, int]
+    layout: fake_cuda.SequenceLayout
 
 
 def _loss(output) -> torch.Tensor:
     return output.loss if getattr(output, "loss", None) is not None else output[0].float().sum()
+
+
+@contextlib.contextmanager
+def layouts_computed():
+    """Collects every `UnpaddedBatch.from_mask` result of the code run inside it. Entered for the CPU run and the fake
+    one alike, so that both reach the host read through the same frames (`fake_cuda.call_site`)."""
+    computed = []
+    from_mask = UnpaddedBatch.from_mask
+
+    def collecting(cls, *args, **kwargs):
+        batch = from_mask(*args, **kwargs)
+        computed.append(batch)
+        return batch
+
+    with mock.patch.object(UnpaddedBatch, "from_mask", classmethod(collecting)):
+        yield computed
+
+
+def check_cpu_layouts(computed: list[UnpaddedBatch], layout: fake_cuda.SequenceLayout) -> None:
+    """The layouts the CPU run computed (real tensors: `cu_seqlens` has values there, a fake run's has none) against
+    the batch's sequences: `cu_seqlens`, T and `max_seqlen` are what the GPU run hands the kernel."""
+    for batch in computed:
+        cpu = {"cu_seqlens": batch.cu_seqlens.tolist(), "T": batch.num_tokens, "max_seqlen": batch.max_seqlen}
+        expected = {"cu_seqlens": layout.cu_seqlens, "T": layout.num_tokens, "max_seqlen": layout.max_seqlen}
+        if cpu != expected:
+            raise fake_cuda.LayoutMismatch(
+                f"the CPU run of the same batch computed {cpu}; the batch ({layout.source}) has {expected}"
+            )
+
+
+def check_syncs(syncs: list[fake_cuda.HostSync], expected: int) -> None:
+    if len(syncs) != expected:
+        raise fake_cuda.CudaPathFault(
+            f"{len(syncs)} host syncs, expected {expected}: " + "; ".join(f"{s.kind} at {s.where}" for s in syncs)
+        )
+
+
+def check_sdpa(calls: dict[str, int], record: fake_cuda.PathRecord, expected: dict[str, int], train: bool) -> None:
+    """sdpa ran the kernels of `expected`, as often (forward, and backward in training), and no other."""
+    if dict(calls) != expected:
+        raise fake_cuda.CudaPathFault(f"sdpa ran {dict(calls)}, expected {expected}")
+    for kernel, backward in SDPA_BACKWARD.items():
+        count = expected.get(kernel, 0) if train else 0
+        if record.ops[backward] != count:
+            raise fake_cuda.CudaPathFault(f"{backward} ran {record.ops[backward]} times, expected {count}")
 
 
 def dry_run(
@@ -96,14 +162,19 @@ def dry_run(
     autocast: bool = False,
     prepare=lambda model: None,
     kernels: int | None = LAYERS,
-    host_reads: int = 1,
+    sdpa: dict[str, int] | None = None,
+    host_syncs: int = 1,
+    capability: tuple[int, int] = fake_cuda.CAPABILITY,
 ) -> DryRun:
     """
-    One forward (with `train`, and backward) of `model_class(config)` on the fake GPU, weights in `dtype`, under
-    bf16 autocast with `autocast`; `prepare(model)` runs on both the CPU model (whose host reads are served) and the
-    fake one. Asserts (raising `fake_cuda.CudaPathFault`) the devices of outputs and gradients, `kernels` flash calls
-    forward (and backward), and `host_reads` reads; the contract and CPU-tensor checks raise on their own.
+    One forward (with `train`, and backward) of `model_class(config)` on a fake GPU of compute capability
+    `capability`, weights in `dtype`, under bf16 autocast with `autocast`; `prepare(model)` runs on both the CPU model
+    (whose host reads are served) and the fake one. Asserts (raising `fake_cuda.CudaPathFault`) the devices of
+    outputs and gradients, `kernels` flash calls forward (and backward), the sdpa calls `sdpa` by kernel (none by
+    default), and `host_syncs` host syncs; the contract, layout (`fake_cuda.LayoutMismatch`) and CPU-tensor checks
+    raise on their own.
     """
+    layout = fake_cuda.SequenceLayout.of_batch(batch)
     cpu_model = model_class(config).train(train)
     prepare(cpu_model)
     cpu_batch = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
@@ -113,29 +184,28 @@ def dry_run(
         if train:
             _loss(output).backward()
 
-    reads = fake_cuda.record_host_reads(cpu_step)
-    with fake_cuda.FakeGPU(reads) as gpu, fake_cuda.GpuSdpaChoice():
+    with layouts_computed() as computed:
+        reads = fake_cuda.record_host_reads(cpu_step)
+    check_cpu_layouts(computed, layout)
+    with fake_cuda.FakeGPU(reads, capability) as gpu, fake_cuda.GpuSdpaChoice() as choice, layouts_computed():
         model = gpu.model(model_class, config, dtype).train(train)
         prepare(model)
         inputs = gpu.tensors(batch)
-        with fake_cuda.checked() as record:
+        with gpu.checked(layout) as record:
             with gpu.autocast() if autocast else contextlib.nullcontext():
                 output = model(**inputs)
             if train:
                 _loss(output).backward()
-        served = gpu.reads.served
         _check_devices(model, output, train)
-    if len(served) != host_reads:
-        raise fake_cuda.CudaPathFault(
-            f"{len(served)} host reads, expected {host_reads}: " + "; ".join(r.where for r in served)
-        )
+    check_syncs(gpu.syncs, host_syncs)
     if kernels is not None and record.flash_forward != kernels:
         raise fake_cuda.CudaPathFault(f"the flash kernel ran {record.flash_forward} times forward, expected {kernels}")
     if kernels is not None and train and record.flash_backward != kernels:
         raise fake_cuda.CudaPathFault(
             f"the flash kernel ran {record.flash_backward} times backward, expected {kernels}"
         )
-    return DryRun(model, output, record, served)
+    check_sdpa(choice.calls, record, sdpa or {}, train)
+    return DryRun(model, output, record, gpu.reads.served, gpu.syncs, dict(choice.calls), layout)
 
 
 def _check_devices(model, output, train: bool) -> None:
@@ -153,6 +223,65 @@ def _check_devices(model, output, train: bool) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# The harness's own parts
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def test_the_sequences_of_a_batch_are_computed_from_the_batch_alone():
+    """`SequenceLayout.of_batch`, the harness's independent reference for what the kernel is told: padded rows (an
+    empty one dropped), packed rows from `position_ids` restarting and from `cu_seq_lens_q`."""
+    padded = {
+        "input_ids": torch.ones(3, 5, dtype=torch.long),
+        "attention_mask": torch.tensor([[1] * 5, [0] * 5, [1] * 3 + [0] * 2]),
+    }
+    layout = fake_cuda.SequenceLayout.of_batch(padded)
+    assert (layout.lengths, layout.num_tokens, layout.num_sequences, layout.max_seqlen) == ((5, 3), 8, 2, 5)
+    assert layout.cu_seqlens == [0, 5, 8]
+    packed = {"input_ids": torch.ones(1, 7, dtype=torch.long), "position_ids": torch.tensor([[0, 1, 2, 0, 1, 0, 1]])}
+    assert fake_cuda.SequenceLayout.of_batch(packed).lengths == (3, 2, 2)
+    flattened = {"input_ids": torch.ones(1, 7, dtype=torch.long), "cu_seq_lens_q": torch.tensor([0, 4, 7])}
+    assert fake_cuda.SequenceLayout.of_batch(flattened).lengths == (4, 3)
+
+
+def _copied_and_read(tensor: torch.Tensor) -> list:
+    return tensor.cpu().tolist()
+
+
+def test_a_copy_to_the_host_then_read_is_one_sync():
+    """`.cpu()` then `.tolist()`: the copy is the sync (the host waits for the GPU there); the read of the CPU copy is
+    served from the CPU run of the same code, matched by its call site, and syncs nothing more."""
+    values = torch.arange(3)
+    reads = fake_cuda.record_host_reads(lambda: _copied_and_read(values))
+    with fake_cuda.FakeGPU(reads) as gpu:
+        tensor = gpu.tensor(values)
+        with gpu.checked():
+            assert _copied_and_read(tensor) == [0, 1, 2]
+    assert [(sync.kind, sync.shape) for sync in gpu.syncs] == [("device-to-host copy", (3,))]
+    assert len(gpu.reads.served) == 1
+
+
+def test_the_sdpa_choice_follows_the_device_the_dtype_and_the_head_size():
+    """`fake_cuda.sdpa_kernel`, after torch's `sdp_utils.cpp`: flash needs half precision, no mask, sm80 or newer and
+    a head size up to 256 (sdpa pads it to a multiple of 8); the memory-efficient kernel a head size aligned for the
+    device's matrix products (8 in half precision, 4 in fp32 from sm80); else the math path."""
+
+    def kernel(capability, dtype, head_size, mask=None):
+        query = torch.empty(2, 4, 8, head_size, dtype=dtype)
+        with mock.patch.object(torch.cuda, "get_device_capability", lambda device=None: capability):
+            return fake_cuda.sdpa_kernel(query, query, query, mask, is_causal=False)
+
+    mask = torch.ones(2, 1, 8, 8, dtype=torch.bool)
+    assert kernel((9, 0), torch.bfloat16, 64) == "flash"
+    assert kernel((9, 0), torch.bfloat16, 64, mask) == "efficient"
+    assert kernel((9, 0), torch.bfloat16, 264) == "efficient"
+    assert kernel((9, 0), torch.bfloat16, 12) == "flash"  # sdpa pads the head size to a multiple of 8 for flash
+    assert kernel((9, 0), torch.bfloat16, 12, mask) == "math"
+    assert kernel((9, 0), torch.float32, 12) == "efficient"
+    assert kernel((7, 5), torch.float16, 64) == "efficient"
+    assert kernel((7, 5), torch.float32, 12) == "efficient"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # Flows
 # ----------------------------------------------------------------------------------------------------------------------
 
@@ -164,6 +293,8 @@ def test_inference_forward(snippets, norm_placement, dtype):
     hidden = run.output.last_hidden_state
     assert hidden.shape == (*snippets["input_ids"].shape, 64) and hidden.dtype == dtype
     assert run.output.pooler_output.shape == (8, 64)
+    lengths = snippets["attention_mask"].sum(1)
+    assert run.layout.max_seqlen == lengths.max() and run.layout.num_tokens == lengths.sum()
 
 
 def _labels(name: str, batch: dict) -> dict:
@@ -205,14 +336,15 @@ def test_training_step_of_multiple_choice(snippets):
     choices = {k: v.view(4, 2, -1) for k, v in snippets.items()}
     run = dry_run(seqbert.SeqBertForMultipleChoice, tiny_config(), {**choices, "labels": torch.tensor([0, 1, 1, 0])})
     assert run.output.logits.shape == (4, 2)
+    assert run.layout.num_sequences == 8
 
 
 def test_training_step_of_the_causal_lm(snippets):
-    """Decoder-only (BERT's `BertLMHeadModel`): causal self-attention on the padded batch, through sdpa (the kernel
-    a GPU picks), not the variable-length one."""
+    """Decoder-only (BERT's `BertLMHeadModel`): causal self-attention on the padded batch, with a mask, through sdpa's
+    memory-efficient kernel (what sdpa picks on an H100 where a mask is given), not the variable-length one."""
     labels = snippets["input_ids"].masked_fill(snippets["attention_mask"] == 0, -100)
     batch = {"input_ids": snippets["input_ids"], "attention_mask": snippets["attention_mask"], "labels": labels}
-    run = dry_run(seqbert.SeqBertForCausalLM, tiny_config(), batch, kernels=0)
+    run = dry_run(seqbert.SeqBertForCausalLM, tiny_config(), batch, kernels=0, sdpa={"efficient": LAYERS})
     assert run.output.logits.shape == (*labels.shape, 30522)
 
 
@@ -221,23 +353,30 @@ def _seq2seq_config(**overrides):
 
 
 def test_training_step_of_the_seq2seq_model(snippets):
-    """Encoder on the variable-length kernel, decoder (causal self-attention, cross-attention) on sdpa."""
+    """Encoder on the variable-length kernel, decoder (causal self-attention, cross-attention, each with a mask) on
+    sdpa's memory-efficient kernel: twice a decoder layer."""
     labels = snippets["input_ids"][:, :12].masked_fill(snippets["attention_mask"][:, :12] == 0, -100)
     batch = {"input_ids": snippets["input_ids"], "attention_mask": snippets["attention_mask"], "labels": labels}
-    run = dry_run(seqbert.SeqBertForConditionalGeneration, _seq2seq_config(), batch)
+    run = dry_run(seqbert.SeqBertForConditionalGeneration, _seq2seq_config(), batch, sdpa={"efficient": 2 * LAYERS})
     assert run.output.logits.shape == (8, 12, 30522)
 
 
 def test_the_seq2seq_decoders_cached_step(snippets):
     """A generation step after the first: the decoder reads its self-attention cache and the cross-attention keys
-    and values computed on the first step; no encoder run, no variable-length kernel."""
+    and values computed on the first step; no encoder run, no variable-length kernel, exactly one host sync (the
+    decoder's checks). On each step, a decoder layer's self-attention (no mask: the decoder's tokens are all real)
+    runs sdpa's flash kernel, its cross-attention (the source's mask) the memory-efficient one."""
     config = _seq2seq_config()
     source = {"input_ids": snippets["input_ids"], "attention_mask": snippets["attention_mask"]}
     start = torch.full((8, 1), 101)
+    layout = fake_cuda.SequenceLayout.of_batch(source)
 
-    def two_steps(model):
+    def first_step(model, source, start):
         encoder_outputs = model.get_encoder()(**source)
         first = model(**source, encoder_outputs=encoder_outputs, decoder_input_ids=start, use_cache=True)
+        return encoder_outputs, first
+
+    def next_step(model, source, encoder_outputs, first):
         return model(
             attention_mask=source["attention_mask"],
             encoder_outputs=encoder_outputs,
@@ -246,33 +385,29 @@ def test_the_seq2seq_decoders_cached_step(snippets):
             use_cache=True,
         )
 
-    # The first step's reads (encoder, decoder) come from the CPU run of the same two steps.
-    reads = fake_cuda.record_host_reads(lambda: two_steps(seqbert.SeqBertForConditionalGeneration(config).eval()))
-    with fake_cuda.FakeGPU(reads) as gpu, fake_cuda.GpuSdpaChoice():
+    # The reads of both steps (encoder, decoder) come from the CPU run of the same two steps.
+    cpu_model = seqbert.SeqBertForConditionalGeneration(config).eval()
+    reads = fake_cuda.record_host_reads(lambda: next_step(cpu_model, source, *first_step(cpu_model, source, start)))
+    with fake_cuda.FakeGPU(reads) as gpu, fake_cuda.GpuSdpaChoice() as choice:
         model = gpu.model(seqbert.SeqBertForConditionalGeneration, config, torch.bfloat16).eval()
         source = gpu.tensors(source)
-        start = gpu.tensor(start)
-        with torch.no_grad(), fake_cuda.checked() as record:
-            encoder_outputs = model.get_encoder()(**source)
-            first = model(**source, encoder_outputs=encoder_outputs, decoder_input_ids=start, use_cache=True)
-            before = (len(gpu.reads.served), record.flash_forward)
-            step = model(
-                attention_mask=source["attention_mask"],
-                encoder_outputs=encoder_outputs,
-                decoder_input_ids=first.logits[:, -1:].argmax(-1),
-                **{CACHE_NAME: getattr(first, CACHE_NAME)},
-                use_cache=True,
-            )
+        with torch.no_grad(), gpu.checked(layout) as record:
+            encoder_outputs, first = first_step(model, source, gpu.tensor(start))
+            before = (len(gpu.syncs), record.flash_forward, dict(choice.calls))
+            step = next_step(model, source, encoder_outputs, first)
         assert step.logits.shape == (8, 1, 30522) and step.logits.device.type == "cuda"
         assert getattr(step, CACHE_NAME).get_seq_length() == 2
         assert record.flash_forward == before[1] == LAYERS  # the encoder only
-        assert len(gpu.reads.served) - before[0] <= 1, gpu.reads.served[before[0] :]
+        check_syncs(gpu.syncs[before[0] :], 1)
+        assert before[2] == {"flash": LAYERS, "efficient": LAYERS}
+        assert choice.calls == {"flash": 2 * LAYERS, "efficient": 2 * LAYERS}
 
 
 @pytest.mark.parametrize("cu_seq_lens", [False, True], ids=["position_ids", "cu_seq_lens_q"])
 def test_packed_rows_from_the_flattening_collator(tokenizer, rt_texts, cu_seq_lens):
     """One row of 8 snippets with restarting `position_ids` (and `cu_seq_lens_q` / `max_length_q` when the collator
-    is asked for them), token-classification labels: each sequence attends to itself only, through the kernel."""
+    is asked for them), token-classification labels: each sequence attends to itself only, through the kernel, which
+    is told the 8 snippets' lengths."""
     features = [
         {"input_ids": ids, "labels": [i % 3] * len(ids)} for i, ids in enumerate(tokenizer(rt_texts[:8])["input_ids"])
     ]
@@ -282,14 +417,14 @@ def test_packed_rows_from_the_flattening_collator(tokenizer, rt_texts, cu_seq_le
         assert batch["cu_seq_lens_q"].numel() == 9
     run = dry_run(seqbert.SeqBertForTokenClassification, tiny_config(num_labels=3), batch)
     assert run.output.logits.shape == (*batch["input_ids"].shape, 3)
+    assert run.layout.lengths == tuple(len(feature["input_ids"]) for feature in features)
 
 
 def test_gradient_checkpointing(snippets):
     """Each layer's forward runs again in backward: the kernel twice a layer forward, once backward, still one
-    host read."""
+    host sync."""
     batch = {**snippets, **_labels("sequence", snippets)}
     model_class, config = seqbert.SeqBertForSequenceClassification, tiny_config()
-    record = None
 
     def checkpointing(model):
         model.activation_checkpointing_enable()
@@ -329,8 +464,43 @@ def _float_values(model):
 
 def test_the_fallback_runs_no_kernel_and_no_extra_host_read(snippets):
     batch = {**snippets, **_labels("sequence", snippets)}
-    run = dry_run(seqbert.SeqBertForSequenceClassification, tiny_config(), batch, prepare=_float_values, kernels=0)
-    assert run.record.ops["aten._scaled_dot_product_efficient_attention.default"] == LAYERS
+    dry_run(
+        seqbert.SeqBertForSequenceClassification,
+        tiny_config(),
+        batch,
+        prepare=_float_values,
+        kernels=0,
+        sdpa={"efficient": LAYERS},
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "dtype", "capability", "kernel"),
+    [
+        (dict(hidden_size=48, intermediate_size=96), torch.bfloat16, (9, 0), "math"),
+        (dict(hidden_size=264, num_attention_heads=1), torch.bfloat16, (9, 0), "efficient"),
+        ({}, torch.float16, (7, 5), "efficient"),
+        ({}, torch.float32, (9, 0), "efficient"),
+    ],
+    ids=["head size 12", "head size 264", "compute capability 7.5", "fp32 without autocast"],
+)
+def test_outside_the_kernels_entry_conditions_attention_runs_sdpa(snippets, overrides, dtype, capability, kernel):
+    """The variable-length kernel takes head sizes that are a multiple of 8 up to 256, on sm80 or newer, in fp16 /
+    bf16. Past each of these, a training step lays the batch out per sequence for sdpa instead: the kernel runs 0
+    times, sdpa runs the kernel it picks there once a layer (the math path for head size 12 in bf16, which the
+    memory-efficient kernel cannot align), and the host is still synced once."""
+    batch = {**snippets, **_labels("sequence", snippets)}
+    config = tiny_config(**overrides)
+    run = dry_run(
+        seqbert.SeqBertForSequenceClassification,
+        config,
+        batch,
+        dtype,
+        kernels=0,
+        sdpa={kernel: LAYERS},
+        capability=capability,
+    )
+    assert run.output.logits.dtype == dtype and run.model.classifier.weight.grad.dtype == dtype
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -344,8 +514,15 @@ def training_step(snippets):
     return lambda: dry_run(seqbert.SeqBertForSequenceClassification, tiny_config(), batch)
 
 
-def test_the_unplanted_step_passes(training_step):
+@pytest.fixture
+def inference_step(snippets):
+    """A forward without labels: enough for a planted fault in the forward, at half the cost of a training step."""
+    return lambda: dry_run(seqbert.SeqBertModel, tiny_config(), snippets, train=False)
+
+
+def test_the_unplanted_steps_pass(training_step, inference_step):
     assert training_step().record.flash_forward == LAYERS
+    assert inference_step().record.flash_forward == LAYERS
 
 
 def test_a_cpu_tensor_inside_the_path_fails(training_step, monkeypatch):
@@ -374,8 +551,68 @@ def test_int64_cu_seqlens_fail(training_step, monkeypatch):
         training_step()
 
 
+def _plant_in_the_kernels_call(monkeypatch, change):
+    """`varlen_attention_forward` as the modeling file calls it, its queries, keys and values changed by `change`
+    after `varlen_attention_fits` has let them through."""
+    forward = attention_backends.varlen_attention_forward
+
+    def planted(query, key, value, unpadded, dropout=0.0, scaling=None):
+        return forward(*change(query, key, value), unpadded, dropout, scaling)
+
+    monkeypatch.setattr(seqbert.modeling_seqbert, "varlen_attention_forward", planted)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda q, k, v: (q, k.half(), v), r"query and key must have the same dtype \(torch.bfloat16, torch.float16\)"),
+        (lambda q, k, v: (q.float(), k.float(), v.float()), "FlashAttention only supports fp16 and bf16, got torch.float32"),
+        (
+            lambda q, k, v: (q.transpose(1, 2).contiguous().transpose(1, 2), k, v),
+            r"query must have a contiguous last dimension \(stride \(64, 1, 4\)\)",
+        ),
+    ],
+    ids=["key of another dtype", "fp32 queries", "query with a strided last dimension"],
+)  # fmt: skip
+def test_arguments_the_kernel_rejects_fail(inference_step, monkeypatch, change, message):
+    """Arguments `mha_varlen_fwd` refuses on a GPU (a dtype other than fp16 / bf16 or the query's; a last dimension
+    that is not contiguous), which torch's meta kernel lets through."""
+    _plant_in_the_kernels_call(monkeypatch, change)
+    with pytest.raises(fake_cuda.FlashContractViolation, match=message):
+        inference_step()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda batch: dataclasses.replace(batch, max_seqlen=batch.max_seqlen - 1),
+            r"the flash kernel \(forward\) was given max_seqlen_q = (\d+); the batch \(attention_mask\) has (?!\1)\d+",
+        ),
+        (
+            lambda batch: dataclasses.replace(batch, cu_seqlens=batch.cu_seqlens[:-1]),
+            r"was given S \(cu_seqlens_q.numel\(\) - 1\) = 7; the batch \(attention_mask\) has 8",
+        ),
+    ],
+    ids=["max_seqlen one too small", "a sequence missing from cu_seqlens"],
+)
+def test_a_layout_the_kernel_trusts_but_is_wrong_fails(inference_step, monkeypatch, change, message):
+    """The kernel reads neither T nor `max_seqlen` from `cu_seqlens`: told one sequence too few, or a longest
+    sequence one token short, it runs, and computes wrong results. Planted where the layout is computed, on the GPU
+    only (the CPU run of the same batch, whose layout is checked as well, stays right)."""
+    from_mask = UnpaddedBatch.from_mask.__func__
+
+    def planted(cls, *args, **kwargs):
+        batch = from_mask(cls, *args, **kwargs)
+        return change(batch) if batch.cu_seqlens.device.type == "cuda" else batch
+
+    monkeypatch.setattr(UnpaddedBatch, "from_mask", classmethod(planted))
+    with pytest.raises(fake_cuda.LayoutMismatch, match=message):
+        inference_step()
+
+
 def test_a_second_host_read_fails(training_step, monkeypatch):
-    """The number of real tokens read again after the layout's read, as a check might."""
+    """The number of real tokens read again (a 0-dim `.item()`) after the layout's read, as a check might."""
     encode = seqbert.SeqBertModel._encode_unpadded
 
     def planted(self, unpadded, *args, **kwargs):
@@ -384,7 +621,8 @@ def test_a_second_host_read_fails(training_step, monkeypatch):
 
     monkeypatch.setattr(seqbert.SeqBertModel, "_encode_unpadded", planted)
     with pytest.raises(
-        fake_cuda.CudaPathFault, match=r"2 host reads, expected 1: .*; test_cuda_dry_run.py:\d+ planted"
+        fake_cuda.CudaPathFault,
+        match=r"2 host syncs, expected 1: tolist at .*; item at test_cuda_dry_run.py:\d+ planted",
     ):
         training_step()
 
@@ -400,6 +638,71 @@ def test_a_host_read_only_the_cuda_branch_makes_fails(training_step, monkeypatch
     monkeypatch.setattr(seqbert.modeling_seqbert, "varlen_attention_forward", planted)
     with pytest.raises(fake_cuda.UnexpectedHostRead, match=r"host read #2 \(item of a cuda:0 tensor .* planted"):
         training_step()
+
+
+def test_the_same_read_from_another_call_site_fails(inference_step, monkeypatch):
+    """On CUDA the layout is read through another function than on the CPU: the same method of a tensor of the same
+    shape, so a replay matched by method and shape alone would serve it the CPU's value; matched by call site, it
+    fails, naming both."""
+    from_mask = UnpaddedBatch.from_mask.__func__
+
+    def cuda_branch(cls, *args, **kwargs):
+        return from_mask(cls, *args, **kwargs)
+
+    def planted(cls, attention_mask, *args, **kwargs):
+        if attention_mask is not None and attention_mask.device.type == "cuda":
+            return cuda_branch(cls, attention_mask, *args, **kwargs)
+        return from_mask(cls, attention_mask, *args, **kwargs)
+
+    monkeypatch.setattr(UnpaddedBatch, "from_mask", classmethod(planted))
+    with pytest.raises(
+        fake_cuda.UnexpectedHostRead,
+        match=r"host read #1 is tolist of a cuda:0 tensor of shape \(\d+,\) at .*cuda_branch > .*read_on_host; the "
+        r"CPU run of the same batch read tolist of shape \(\d+,\) at .*planted > attention_backends.py:\d+ from_mask",
+    ):
+        inference_step()
+
+
+def _copy_of_the_token_count(unpadded):
+    """The number of real tokens copied to the host as a 0-dim tensor and kept (for a log, say); nothing reads it."""
+    return unpadded.cu_seqlens[-1].cpu()
+
+
+def _position_ids_from_host_data(unpadded):
+    """Position ids built on the host and handed to the GPU: `torch.tensor(..., device="cuda")`."""
+    return torch.tensor(list(range(unpadded.input_shape[1])), device=unpadded.cu_seqlens.device)
+
+
+def _synchronize(unpadded):
+    """An explicit `torch.cuda.synchronize()` (on CUDA only: the CPU run has no CUDA to synchronize)."""
+    if unpadded.cu_seqlens.device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize(
+    ("sync", "kind"),
+    [
+        (_copy_of_the_token_count, "device-to-host copy"),
+        (_position_ids_from_host_data, "host-to-device copy"),
+        (_synchronize, r"torch\.cuda\.synchronize"),
+    ],
+    ids=["0-dim cpu()", "torch.tensor(device=cuda)", "torch.cuda.synchronize"],
+)
+def test_a_host_sync_that_reads_no_value_fails(inference_step, monkeypatch, sync, kind):
+    """Host syncs other than a read of a value: a copy to the host (even of a 0-dim tensor, even unread: the host waits
+    for the GPU to reach it), a blocking copy to the device (torch synchronizes the stream after it), an explicit
+    synchronize. None reads a value, so the CPU run records none; each is counted as a second sync."""
+    encode = seqbert.SeqBertModel._encode_unpadded
+
+    def planted(self, unpadded, *args, **kwargs):
+        sync(unpadded)
+        return encode(self, unpadded, *args, **kwargs)
+
+    monkeypatch.setattr(seqbert.SeqBertModel, "_encode_unpadded", planted)
+    with pytest.raises(
+        fake_cuda.CudaPathFault, match=rf"2 host syncs, expected 1: tolist at .*; {kind} at test_cuda_dry_run.py:\d+ _"
+    ):
+        inference_step()
 
 
 def test_training_sent_to_the_fallback_fails(training_step, monkeypatch):
@@ -445,6 +748,100 @@ def test_memory_and_flops_of_a_training_step_against_bert(tmp_path):
         # At these sizes the peak is the end of backward, weights, AdamW and the dense word-embedding gradient, the same
         # for both; seqbert holds its few-KB token indices there too.
         assert row["peak_ratio"] <= 1.0001, row["peak_ratio"]
+
+
+# The temporaries the attention backward kernels allocate inside the op (torch's CUDA sources; the arithmetic by
+# hand): flash's dq_accum, (T + 128 S) x N x round32(D) x 4, and softmax_d, N x (T + 128 S) x 4; the memory-efficient
+# kernel's dQ blocks, B x N x ceil(L / 64) x ceil(D / 64) x (16 + 64 x 64 x 4) (128 x 128 tiles above D = 64), and
+# delta, B x N x L x 4; first, the copies of grad_out (flash: and out) that are not contiguous in the kernel's layout.
+COPY = 32 * 47 * 12 * 64 * 2  # one (32, 47, 12, 64) bf16 tensor
+WORKSPACES = [
+    # varlen flash, bert-base heads: T = 300 real tokens in S = 7 sequences: 1,196 rows
+    ("_flash_attention_backward", dict(query=(300, 12, 64), cu_seqlens=8), [1196 * 12 * 64 * 4, 12 * 1196 * 4]),
+    # head size 72 is padded to 96 in dq_accum
+    ("_flash_attention_backward", dict(query=(300, 4, 72), cu_seqlens=3), [556 * 4 * 96 * 4, 4 * 556 * 4]),
+    # sdpa's dense flash (no mask), query (B, N, L, D): L = 47 is rounded up to 128 rows a sequence; its forward
+    # returns out contiguous as (B, N, L, D), so the kernel copies out and grad_out into (B, L, N, D)
+    ("_scaled_dot_product_flash_attention_backward", dict(query=(32, 12, 47, 64)), [COPY, COPY, 4096 * 12 * 64 * 4, 12 * 4096 * 4]),
+    # memory-efficient, 32 x 12 x ceil(47 / 64) = 384 blocks; its forward returns out as a (B, L, N, D) tensor
+    # transposed, the kernel's layout: no copy; a contiguous (B, N, L, D) grad_out is copied
+    ("_scaled_dot_product_efficient_attention_backward", dict(query=(32, 12, 47, 64)), [384 * 16400, 32 * 12 * 47 * 4]),
+    ("_scaled_dot_product_efficient_attention_backward", dict(query=(32, 12, 47, 64), kernel_layout=False), [COPY, 384 * 16400, 32 * 12 * 47 * 4]),
+    # 5104 x 12 x ceil(72 / 64) = 122,496 blocks
+    ("_scaled_dot_product_efficient_attention_backward", dict(query=(5104, 12, 72, 64)), [122496 * 16400, 5104 * 12 * 72 * 4]),
+    # head size 80: one 128 x 128 tile per sequence and head
+    ("_scaled_dot_product_efficient_attention_backward", dict(query=(2, 3, 100, 80)), [6 * (16 + 128 * 128 * 4), 2 * 3 * 100 * 4]),
+]  # fmt: skip
+
+
+def _attention_backward_arguments(op: str, query: tuple, cu_seqlens: int = 0, kernel_layout: bool = True) -> tuple:
+    """Arguments of `aten.<op>` with query, key and value of shape `query` (bf16) on the current device; out and
+    grad_out in the layout the op's forward returns (`kernel_layout`), else contiguous."""
+    q = torch.empty(query, dtype=torch.bfloat16, device="cuda")
+    rng = torch.empty(2, dtype=torch.int64, device="cuda")
+    if op == "_flash_attention_backward":
+        cu = torch.zeros(cu_seqlens, dtype=torch.int32, device="cuda")
+        lse = torch.empty(query[1], query[0], dtype=torch.float32, device="cuda")
+        return (q, q, q, q, q, lse, cu, cu, 64, 64, 0.1, False, rng, rng)
+    lse = torch.empty(query[:3], dtype=torch.float32, device="cuda")
+    if op == "_scaled_dot_product_flash_attention_backward":
+        return (q, q, q, q, q, lse, None, None, query[2], query[2], 0.1, False, rng, rng)
+    out = q.transpose(1, 2).contiguous().transpose(1, 2) if kernel_layout else q
+    mask = torch.empty(query[0], query[1], query[2], query[2], dtype=torch.bfloat16, device="cuda")
+    return (out, q, q, q, mask, out, lse, rng, rng, 0.1, [True, True, True, False], False)
+
+
+@pytest.mark.parametrize(("op", "shapes", "expected"), WORKSPACES)
+def test_the_attention_backward_workspace_is_held_while_the_op_runs(op, shapes, expected):
+    """The tracker counts the kernel's workspaces beside the op's gradients, at the peak, and frees them as the op
+    returns: they add to the peak only while one attention backward runs."""
+    import estimate_gpu_memory
+
+    func = getattr(torch.ops.aten, op).default
+    with fake_cuda.FakeGPU():
+        args = _attention_backward_arguments(op, **shapes)
+        assert estimate_gpu_memory.attention_backward_workspace(func, args) == expected
+        tracker = estimate_gpu_memory.AttentionWorkspaceTracker()
+        with tracker:
+            grads = func(*args)
+            after = tracker.get_tracker_snapshot()[torch.device("cuda", 0)]["Total"]
+    held = sum(-(-size // 512) * 512 for size in expected)  # in the caching allocator's 512-byte blocks
+    outputs = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in grads if t is not None}
+    gradients = sum(-(-size // 512) * 512 for size in outputs.values())
+    assert after == gradients  # the workspaces are gone once the op returned
+    assert tracker.get_tracker_snapshot("peak")[torch.device("cuda", 0)]["Total"] == gradients + held
+    assert tracker.workspace_bytes == held and tracker.peak_in_workspace == gradients + held
+
+
+def test_the_workspace_raises_the_peak_where_it_falls_in_the_attention_backward():
+    """A narrow layer with a short FFN on 256 snippets: seqbert's peak is reached in the attention backward, where
+    flash's dq_accum for T + 128 S rows (five times the real tokens) outweighs the FFN's activations, which are freed
+    by then. With the workspace the peak rises, by at most the workspace; without it (the meta kernels alone) it is
+    elsewhere. BERT's workspace matches the memory-efficient kernel's for the padded batch."""
+    import estimate_gpu_memory
+
+    bert = BertConfig(num_labels=2, hidden_size=128, num_attention_heads=2, intermediate_size=32, num_hidden_layers=1)
+    bert._attn_implementation = "sdpa"
+    configs = {"seqbert": seqbert.SeqBertConfig.from_bert_config(bert), "bert": bert}
+    batch = estimate_gpu_memory.Batches()("snippets", 256)
+    mask = batch["attention_mask"]
+    real, (size, length) = int(mask.sum()), mask.shape
+    rows = real + 128 * size
+    blocks = lambda sizes: sum(-(-n // 512) * 512 for n in sizes)  # noqa: E731
+    expected = {
+        "seqbert": blocks([rows * 2 * 64 * 4, 2 * rows * 4]),
+        "bert": blocks([size * 2 * -(-length // 64) * 16400, size * 2 * length * 4]),
+    }
+    for name, config in configs.items():
+        cost, tracker = estimate_gpu_memory.estimate(name, config, batch)
+        assert tracker.workspace_bytes == expected[name], name
+        if name == "seqbert":
+            with mock.patch.object(estimate_gpu_memory, "attention_backward_workspace", lambda func, args: []):
+                without, untracked = estimate_gpu_memory.estimate(name, config, batch)
+            assert untracked.workspace_bytes == 0 and untracked.peak_in_workspace == 0
+            assert tracker.peak_in_workspace == cost.peak_bytes  # the peak is in the attention backward
+            assert 0 < cost.peak_bytes - without.peak_bytes <= tracker.workspace_bytes
+            assert cost.flops == without.flops
 
 
 def test_the_largest_batch_search():

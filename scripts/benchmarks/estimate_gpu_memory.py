@@ -22,18 +22,46 @@ to 512. Labels seeded.
 Measured, per model: peak memory (`torch.distributed._tools.mem_tracker.MemTracker`: every CUDA tensor's storage in
 the caching allocator's 512-byte blocks; by kind at the peak: parameters, gradients, optimizer states, activations,
 backward temporaries) and matmul FLOPs per step (`torch.utils.flop_counter.FlopCounterMode`, with the variable-length
-kernel counted on the true sequence lengths). Then, for each of `--cards_gib`, the largest batch (a multiple of 8) whose
-estimated peak fits in that many GiB: a line in the tokens each model computes on (the real ones for seqbert, the
-padded grid for BERT), through the smallest and largest `--batch_sizes`, gives a first guess, then fake steps bracket
-and bisect it.
+kernel counted on the true sequence lengths); and one layer's attention backward temporaries (below:
+`attention_workspace_gib`) and whether the peak falls while they are held (`peak_in_attention_backward`). Then, for
+each of `--cards_gib`, the largest batch (a multiple of 8) whose estimated peak fits in that many GiB: a line in the
+tokens each model computes on (the real ones for seqbert, the padded grid for BERT), through the smallest and largest
+`--batch_sizes`, gives a first guess, then fake steps bracket and bisect it.
+
+The attention backward kernels' own temporaries, which torch's meta kernels do not allocate, are added as the kernels
+hold them: allocated when one layer's attention backward starts, beside its gradients, and freed when it returns, so
+they raise the peak only where it falls in an attention backward (`AttentionWorkspaceTracker`; sizes in
+`attention_backward_workspace`, read from torch's CUDA sources):
+
+- seqbert's variable-length flash backward (`mha_varlen_bwd` in
+  `aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp`): `dq_accum`, (T + 128 S) x N x round32(D) fp32,
+  and `softmax_d`, N x (T + 128 S) fp32, for T real tokens in S sequences, N heads of size D (round32: D rounded up to
+  a multiple of 32, of 64 above 128); the dense flash backward (`mha_bwd`, sdpa without a mask) the same with B
+  sequences of the padded length L rounded up to 128 in place of T + 128 S;
+- BERT's memory-efficient backward (`_efficient_attention_backward` in
+  `aten/src/ATen/native/transformers/cuda/attention_backward.cu`, kernels in `mem_eff_attention/kernel_backward.h`,
+  chosen by `mem_eff_attention/kernels/cutlassB.h`): `workspace`, B x N x ceil(L / 64) x ceil(D / 64) blocks of
+  16 + 64 x 64 x 4 bytes (the fp32 dQ accumulator of the split-key kernel, `GradQTempStorage`; 128 x 128 tiles for
+  64 < D <= 128), and `delta`, B x N x L fp32. bf16 and fp16 with D <= 64 take a 64 x 64 kernel there on sm80 to
+  sm121, whose dK and dV stay in registers (`kOutputInRF`), so it holds no dK / dV accumulator;
+- the copies both make of `grad_out` (flash: and `out`) where it is not contiguous in the layout the kernel takes
+  (`grad_out.contiguous()`), read from the fake tensors' strides.
+
+Checked on an H200 (torch 2.11.0+cu130, 2026-11-27), each backward op run alone: its peak over the gradients it
+returned was these sizes to the byte for the variable-length flash kernel (three shapes) and the memory-efficient
+kernel (two shapes; the third 1 MiB above, the caching allocator's rounding of a large block), and for sdpa's dense
+flash backward once its two copies were counted.
 
 What the estimate leaves out: the CUDA context (about 0.5 GiB, outside torch's allocator), cuBLAS and cuDNN workspaces
-(tens of MiB), the caching allocator's fragmentation and rounding beyond 512-byte blocks (commonly 5-15 % more reserved
-than allocated), NCCL buffers under DDP, and what a card reports below its nominal size (an 80 GB H100: 79.6 GiB).
+(tens of MiB; cuBLAS takes its own through the caching allocator on first use), the caching allocator's fragmentation
+and its rounding of large blocks (up to 1 MiB each; commonly 5-15 % more reserved than allocated), the
+deterministic-mode variants of the workspaces, NCCL buffers under DDP, and what a card reports below its nominal size
+(an 80 GB H100: 79.6 GiB).
 
 `--on_gpu` runs the same steps on a real CUDA GPU (real weights' shapes, random values) and records
-`torch.cuda.max_memory_allocated()` over them, less what was allocated before the model; with `--estimate_json` (rows
-written by an estimate run) each row gets the estimate and the gap. Results: `--json_file` and a table on stdout.
+`torch.cuda.max_memory_allocated()` over them, less what was allocated before the model: the real allocator, the
+kernels' workspaces included; with `--estimate_json` (rows written by an estimate run) each row gets the estimate and
+the gap. Results: `--json_file` and a table on stdout.
 """
 
 import copy
@@ -54,6 +82,7 @@ fake_cuda_shim.load()
 
 import pandas as pd
 import torch
+from torch.distributed._tools.mem_tracker import MemTracker
 from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
 import seqbert
@@ -62,6 +91,7 @@ from seqbert.script_utils import ScriptInputError, parse_arguments, run_cli, scr
 
 
 GIB = 2**30
+aten = torch.ops.aten
 SHAPES = {
     "base": dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12, intermediate_size=3072),
     "large": dict(num_hidden_layers=24, hidden_size=1024, num_attention_heads=16, intermediate_size=4096),
@@ -166,8 +196,106 @@ def narrow(config):
     return config
 
 
-def estimate(model_name: str, config, batch: dict):
-    """`fake_cuda.StepCost` of a training step of `model_name` on `batch` on the fake GPU."""
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _flash_workspace(rows: int, heads: int, head_dim: int) -> list[int]:
+    """`dq_accum` and `softmax_d` of flash-attention's backward (`flash_api.cpp`), bytes: `rows` query rows as the
+    kernel pads them (T + 128 S for `mha_varlen_bwd`; B x L rounded up to 128 for `mha_bwd`)."""
+    rounded = _round_up(head_dim, 32 if head_dim <= 128 else 64)
+    return [rows * heads * rounded * 4, heads * rows * 4]
+
+
+def _efficient_workspace(batch: int, heads: int, length: int, head_dim: int, dtype: torch.dtype) -> list[int]:
+    """`workspace` and `delta` of the memory-efficient backward (`attention_backward.cu`), bytes, for the kernel
+    `cutlassB.h` picks on sm80 to sm121: per (sequence, head), ceil(L / I) x ceil(D / J) `GradQTempStorage` blocks
+    (16 bytes of lock and counter, then the I x J fp32 dQ tile), I = J = 64 for D <= 64 and 128 for D <= 128 in fp16 /
+    bf16 (`kernel_backward.h`, `workspace_elements_gq`); and the (B, N, L) fp32 `delta` the half kernels fill."""
+    if dtype not in (torch.float16, torch.bfloat16) or head_dim > 128:
+        raise ValueError(
+            f"the memory-efficient backward's workspace is modelled for fp16 / bf16 with head dim <= 128, not "
+            f"{dtype} with head dim {head_dim}"
+        )
+    tile = 64 if head_dim <= 64 else 128
+    blocks = -(-length // tile) * -(-head_dim // tile)
+    return [batch * heads * blocks * (16 + tile * tile * 4), batch * heads * length * 4]
+
+
+def _copies(*tensors: torch.Tensor) -> list[int]:
+    """Bytes of the `contiguous()` copies a kernel makes of `tensors` (of those not contiguous already)."""
+    return [t.numel() * t.element_size() for t in tensors if not t.is_contiguous()]
+
+
+def attention_backward_workspace(func, args) -> list[int]:
+    """Bytes of each temporary the CUDA kernel of attention backward op `func` allocates inside the op (and frees
+    before it returns), from its arguments' shapes and strides; [] for any other op. Read from torch's CUDA sources
+    (see the module docstring), the non-deterministic kernels, as torch runs them by default: the fp32 workspaces, and
+    the copies the kernels make of `grad_out` (and, flash, of `out`) where these are not contiguous in the layout the
+    kernel takes, (B, L, N, D) or (T, N, D)."""
+    if func is aten._flash_attention_backward.default:
+        grad_out, query, out, cu_seqlens = args[0], args[1], args[4], args[6]
+        if cu_seqlens is not None and cu_seqlens.numel() > 0:  # mha_varlen_bwd: query (T, N, D)
+            total, heads, head_dim = query.shape
+            sequences = cu_seqlens.shape[0] - 1
+            rows = total + 128 * sequences
+        else:  # mha_bwd: query (B, L, N, D)
+            batch, length, heads, head_dim = query.shape
+            rows = batch * _round_up(length, 128)
+        return _copies(grad_out, out) + _flash_workspace(rows, heads, head_dim)
+    if func is aten._scaled_dot_product_flash_attention_backward.default:  # mha_bwd on query (B, N, L, D)
+        grad_out, query, out = args[0], args[1], args[4]
+        batch, heads, length, head_dim = query.shape
+        copies = _copies(grad_out.transpose(1, 2), out.transpose(1, 2))
+        return copies + _flash_workspace(batch * _round_up(length, 128), heads, head_dim)
+    if func is aten._scaled_dot_product_efficient_attention_backward.default:  # query (B, N, L, D)
+        grad_out, query = args[0], args[1]
+        batch, heads, length, head_dim = query.shape
+        copies = _copies(grad_out.transpose(1, 2))
+        return copies + _efficient_workspace(batch, heads, length, head_dim, query.dtype)
+    return []
+
+
+class AttentionWorkspaceTracker(MemTracker):
+    """
+    torch's `MemTracker`, plus the temporaries the attention backward kernels allocate inside the op (fp32
+    workspaces, copies of non-contiguous inputs: `attention_backward_workspace`), which a meta kernel does not: each
+    is allocated through the tracker just before the op runs (the kernel allocates them beside its gradients, and all
+    coexist while it runs), counted as a backward temporary, and freed when the op returns, so they add to the peak
+    only while one layer's attention backward runs.
+
+    Attributes:
+        workspace_bytes (`int`): the most bytes one op's temporaries held (in 512-byte blocks); 0 if none ran.
+        peak_in_workspace (`int`): the highest total tracked while they were held.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.workspace_bytes = 0
+        self.peak_in_workspace = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        sizes = attention_backward_workspace(func, args)
+        if not sizes:
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        device = args[1].device
+        held = []  # allocated through this tracker (its own dispatch), so that it counts them
+        for size in sizes:
+            empty = (aten.empty.memory_format, types, ([size],), {"dtype": torch.uint8, "device": device})
+            held.append(super().__torch_dispatch__(*empty))
+        result = super().__torch_dispatch__(func, types, args, kwargs)
+        self.workspace_bytes = max(self.workspace_bytes, sum(_round_up(size, 512) for size in sizes))
+        current = self.get_tracker_snapshot().get(device, {})
+        self.peak_in_workspace = max(self.peak_in_workspace, current.get("Total", 0))
+        del held  # the kernel frees its workspace as it returns
+        return result
+
+
+def estimate(model_name: str, config, batch: dict) -> tuple:
+    """`fake_cuda.StepCost` of a training step of `model_name` on `batch` on the fake GPU, the attention backward's
+    workspaces included, and the `AttentionWorkspaceTracker` that measured it."""
+    from unittest import mock
+
     import fake_cuda
 
     model_class = MODEL_CLASSES[model_name]
@@ -175,10 +303,16 @@ def estimate(model_name: str, config, batch: dict):
     with torch.no_grad():  # the forward reads the host; a backward never does (the fake run would fail on a read)
         reads = fake_cuda.record_host_reads(lambda: reader(**batch))
     lengths = batch["attention_mask"].sum(1).tolist() if model_name == "seqbert" else None
-    with fake_cuda.FakeGPU(reads) as gpu, fake_cuda.GpuSdpaChoice():
+    tracker = AttentionWorkspaceTracker()
+    # measure_training_step builds its own MemTracker: it gets this one, which adds the workspaces.
+    with (
+        fake_cuda.FakeGPU(reads) as gpu,
+        fake_cuda.GpuSdpaChoice(),
+        mock.patch.object(fake_cuda, "MemTracker", lambda: tracker),
+    ):
         model = gpu.model(model_class, config, torch.float32).train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5, fused=True)  # Trainer's default, adamw_torch_fused
-        return fake_cuda.measure_training_step(gpu, model, optimizer, gpu.tensors(batch), lengths)
+        return fake_cuda.measure_training_step(gpu, model, optimizer, gpu.tensors(batch), lengths), tracker
 
 
 def measure_on_gpu(model_name: str, config, batch: dict, steps: int = 2) -> dict:
@@ -267,11 +401,13 @@ def main(argv: list[str] | None = None) -> dict:
                             row[name]["estimated_peak_gib"] = estimated[key]
                             row[name]["gap"] = row[name]["peak_gib"] / estimated[key] - 1
                         continue
-                    cost = estimate(name, model_configs[name], batch)
+                    cost, tracker = estimate(name, model_configs[name], batch)
                     row[name] = {
                         "peak_gib": cost.peak_bytes / GIB,
                         "at_peak_gib": {kind: value / GIB for kind, value in cost.at_peak.items()},
                         "tflops_per_step": cost.flops / 1e12,
+                        "attention_workspace_gib": tracker.workspace_bytes / GIB,
+                        "peak_in_attention_backward": tracker.peak_in_workspace == cost.peak_bytes,
                     }
                     line.setdefault(name, []).append((batch_size, cost.peak_bytes))
                 row["peak_ratio"] = row["seqbert"]["peak_gib"] / row["bert"]["peak_gib"]
@@ -289,7 +425,7 @@ def main(argv: list[str] | None = None) -> dict:
                 fixed = small_peak - per_token * small_tokens
 
                 def cost(batch_size, name=name, config=model_configs[name], workload=workload):
-                    return estimate(name, config, batches(workload, batch_size)).peak_bytes
+                    return estimate(name, config, batches(workload, batch_size))[0].peak_bytes
 
                 for card in args.cards_gib:
                     guess = small
@@ -326,12 +462,19 @@ def _estimates_by_key(path: str | None) -> dict:
 
 
 def _row_line(row: dict) -> str:
-    return (
+    line = (
         f"{row['shape']:<6} {row['workload']:<9} batch {row['batch_size']:>4} (length {row['padded_length']:>3}, "
         f"{row['padding']:.0%} padding): peak seqbert {row['seqbert']['peak_gib']:.2f} GiB, BERT "
         f"{row['bert']['peak_gib']:.2f} GiB ({row['peak_ratio']:.2f}x) | TFLOP/step seqbert "
         f"{row['seqbert']['tflops_per_step']:.2f}, BERT {row['bert']['tflops_per_step']:.2f} ({row['flops_ratio']:.2f}x)"
     )
+    if "attention_workspace_gib" in row["seqbert"]:  # an estimate: one layer's attention backward temporaries
+        line += " | attention backward temporaries " + ", ".join(
+            f"{name} {row[key]['attention_workspace_gib']:.3f} GiB"
+            + (" (at the peak)" if row[key]["peak_in_attention_backward"] else "")
+            for key, name in (("seqbert", "seqbert"), ("bert", "BERT"))
+        )
+    return line
 
 
 if __name__ == "__main__":
