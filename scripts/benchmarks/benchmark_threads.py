@@ -9,7 +9,9 @@ held to AVX2 (a laptop-class CPU). About 15 minutes on 2 cores.
 Models: MiniLM-L6 (real weights) and a seeded bert-base-width model with 4 layers (`benchmark.bert_base_folders`);
 batches: `--num_batches` batches of 32 Rotten Tomatoes snippets padded to their longest (about half padding), as
 `benchmark.py`'s real-length workload. Engines (`benchmark_engines.py`, each from the same checkpoint): transformers'
-`BertModel` in fp32 and bf16; `seqbert.optimize_for_cpu_inference` in fp32, bf16 and int8; onnxruntime on the fused
+`BertModel` in fp32 and bf16; seqbert's eager `SeqBertModel` (the model the optimized copies are made from) and
+`seqbert.optimize_for_cpu_inference` in fp32, bf16 and int8, timed on the first batch (`example_inputs`; each row
+records the plan it measured at each thread count, `plan`); onnxruntime on the fused
 export, fp32 and dynamic int8; OpenVINO pinned to f32 and at its default precision; CTranslate2 float32 and int8 at
 the ISA it selects (AVX2 on the AMD CPUs with AVX-512 of the docs) and, where the CPU has AVX-512, pinned to it
 (`CT2_FORCE_CPU_ISA=AVX512`: the `_avx512` rows).
@@ -29,8 +31,34 @@ the process before have parked. And every process starts with glibc's allocator 
 engine's speed depends on what its process happened to allocate and free before (CTranslate2's int8 MiniLM-L6 ran at
 8,000 or 15,700 tokens/s at one thread, depending on whether the process had converted a model first).
 
+The order of the turns rotates by one each round, deterministically: round r starts with the r-th process (modulo
+their number), and torch's process runs its engines from its r-th. The first engine of a turn pays the wake-up of a
+thread pool that idled while the others ran, so every engine pays it in its share of the rounds rather than one engine
+in all of them. The JSON records each round's order (`rounds`: the engines as run, `engine@threads`).
+
 Per engine and thread count: real tokens per second (median, with the slowest and fastest round), and the speed-up
 from the fewest to the most threads (ratio of the medians; its range pairs the slowest and fastest rounds).
+
+Agreement: each engine's hidden states from its first (untimed) pass over the batches come back from its process and are
+compared, on the real tokens, with seqbert's fp32 eager `SeqBertModel` on the same batches, computed once per model in
+the parent process. An fp32 engine must stay within `FP32_MAX_ABS_DELTA` of it (1e-4 absolute). A bf16, fp16 or int8
+engine moves hidden states as its precision does, so it is held to two looser bounds: the relative RMS error over the
+real tokens, |got - expected| / |expected| (Frobenius norms), at most `LOW_PRECISION_MAX_RELATIVE_ERROR` (0.5), and each
+sequence's mean-pooled embedding at a cosine similarity of at least `LOW_PRECISION_MIN_COSINE` (0.9) with the
+reference's. Measured on the 2-core AMD EPYC of the docs (4 batches, both models, natively and held to AVX2,
+2026-11-27): relative errors 0.003 to 0.023 at bert-base width and 0.006 to 0.31 on MiniLM-L6 (onnxruntime's int8 the
+highest, 0.31 and cosine 0.929; seqbert's int8 0.15 and 0.983, CTranslate2's 0.08 to 0.09 and 0.989 to 0.991), against
+1.06 and 1.23 for the reference with each sequence's tokens reversed (which mean-pooling cannot see: on the seeded
+bert-base-width model every engine's mean-pooled cosine rounds to 1.0000); the fp32 engines' largest |delta| 6.2e-6. A
+seqbert engine whose timed plan (`cpu_inference_plan`) kept the eager fp32 layers does not compute in its precision:
+below fp32 it disagrees too. Each row records `max_abs_delta`, `relative_error` and `min_cosine` per thread count and
+`agrees`; an engine that disagrees is printed as DISAGREES when found (before the timing) and in the tables, listed
+under `disagreements` in the JSON, and the script exits with an error (`EngineDisagreement`) once the JSON is written.
+
+The processes start together and import their libraries side by side, then build their engines one at a time while
+the others wait idle: seqbert's engines time their implementations when they are built
+(`seqbert.cpu_inference.measure_plan`), and, built side by side, two processes timing at once on 2 cores let seqbert's
+int8 engine keep the eager fp32 layers, whose outputs then matched fp32's exactly (the agreement check above found it).
 
 AVX2 (`--no_avx2` leaves it out): the worker processes start with `ATEN_CPU_CAPABILITY=avx2` (torch's kernels),
 `ONEDNN_MAX_CPU_ISA=AVX2` (oneDNN: seqbert's packed linears, torch's int8) and `CT2_FORCE_CPU_ISA=AVX2`
@@ -54,6 +82,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import ctranslate2  # noqa: F401  (first: see the module docstring)
+import numpy as np
 import torch
 from transformers import AutoTokenizer, BertModel
 
@@ -96,6 +125,16 @@ PINNED_ENVIRONMENT = {
 }
 # Seconds between two processes' turns, for the idle library's spinning threads to park.
 TURN_GAP = 0.1
+# Agreement with seqbert's fp32 eager model (see the module docstring): an fp32 engine's largest |delta| over the real
+# tokens' hidden states; a lower-precision engine's relative RMS error over them and its smallest cosine similarity of
+# the sequences' mean-pooled embeddings.
+FP32_MAX_ABS_DELTA = 1e-4
+LOW_PRECISION_MAX_RELATIVE_ERROR = 0.5
+LOW_PRECISION_MIN_COSINE = 0.9
+
+
+class EngineDisagreement(RuntimeError):
+    """An engine's outputs disagree with seqbert's fp32 eager model beyond its precision's tolerance."""
 
 
 @dataclass
@@ -121,25 +160,37 @@ class ThreadsArguments:
             raise ScriptInputError(f"--repeats ({self.repeats}) and --num_batches ({self.num_batches}) must be >= 1")
 
 
-def _build(library: str, count: int, folder: str, artifacts: dict, batches: list[dict], bf16: bool) -> dict:
-    """{engine: its timed calls, one per batch} of `library` at `count` threads, each run once (first-call set-up)."""
+def _build(library: str, count: int, folder: str, artifacts: dict, batches: list[dict], bf16: bool) -> tuple:
+    """{engine: its timed calls, one per batch} of `library` at `count` threads, each run once (first-call set-up),
+    and what the parent checks: `precisions` ({engine: precision}), `outputs` ({engine: its hidden states on the
+    batches' real tokens from that first run, a (tokens, hidden) fp32 array}) and `eager_layers` ({seqbert engine:
+    whether its timed plan kept the eager fp32 layers})."""
     if library == "torch":
         torch.set_num_threads(count)
         bert = BertModel.from_pretrained(folder).eval()
         model = seqbert.SeqBertModel.from_bert_pretrained(folder).eval()
+        example = batches[0]  # the optimized copies time their kernels on batches like these
         modules = {
             "transformers": (bert, "fp32"),
-            "seqbert_optimized": (seqbert.optimize_for_cpu_inference(model), "fp32"),
-            "seqbert_optimized_int8": (seqbert.optimize_for_cpu_inference(model, int8=True), "int8"),
+            "seqbert": (model, "fp32"),  # the eager model the optimized copies are made from (sdpa, unpadded)
+            "seqbert_optimized": (seqbert.optimize_for_cpu_inference(model, example_inputs=example), "fp32"),
+            "seqbert_optimized_int8": (
+                seqbert.optimize_for_cpu_inference(model, int8=True, example_inputs=example),
+                "int8",
+            ),
         }
         if bf16 and bf16_linear_available():
             modules["transformers_bf16"] = (BertModel.from_pretrained(folder, dtype=torch.bfloat16).eval(), "bf16")
             modules["seqbert_optimized_bf16"] = (
-                seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16),
+                seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16, example_inputs=example),
                 "bf16",
             )
         engines = {name: benchmark_engines.torch_engine(m, precision) for name, (m, precision) in modules.items()}
+        plans = {name: getattr(m, "cpu_inference_plan", None) for name, (m, _) in modules.items()}
+        eager_layers = {name: plan.eager_layers for name, plan in plans.items() if plan is not None}
+        plan_summaries = {name: plan.summary() for name, plan in plans.items() if plan is not None}
     else:
+        eager_layers, plan_summaries = {}, {}
         torch.set_num_threads(1)  # torch only prepares inputs here: it starts no OpenMP team of its own
         if library.startswith("onnxruntime"):
             int8 = library.endswith("_int8")
@@ -154,30 +205,44 @@ def _build(library: str, count: int, folder: str, artifacts: dict, batches: list
             path = artifacts[f"ct2_{quantization}"]
             engines = {library: benchmark_engines.ctranslate2_engine(path, quantization, count)}
     calls = {name: [engine.prepare(batch) for batch in batches] for name, engine in engines.items()}
-    for engine_calls in calls.values():
-        for call in engine_calls:
-            call()
-    return calls, {name: engine.precision for name, engine in engines.items()}
+    outputs = {}
+    for name, engine_calls in calls.items():
+        states = [
+            engines[name].padded(call(), batch)[batch["attention_mask"].bool()]
+            for call, batch in zip(engine_calls, batches, strict=True)
+        ]
+        outputs[name] = torch.cat(states).float().numpy()
+    precisions = {name: engine.precision for name, engine in engines.items()}
+    return calls, {"precisions": precisions, "outputs": outputs, "eager_layers": eager_layers, "plans": plan_summaries}
+
+
+def rotated(items: list, turn: int) -> list:
+    """`items` starting from the one at `turn` (modulo their number): round `turn`'s order."""
+    shift = turn % len(items)
+    return items[shift:] + items[:shift]
 
 
 def worker(library: str, count: int, folder: str, artifacts: dict, num_batches: int, bf16: bool, conn):
-    """A process of one library at one thread count: builds its engines, then times one pass of each whenever it is
-    sent True, until it is sent None."""
+    """A process of one library at one thread count: loads its batches and says so, builds its engines when it is
+    told to and sends their first run's outputs, then, each time it is sent a round number r, times one pass of each
+    engine, in their order rotated to start from the r-th, until it is sent None."""
     reuse_freed_memory()  # every engine on the same allocator settings (see the module docstring)
     os.environ.update(PINNED_ENVIRONMENT.get(library, {}))  # read when the engine is built, not at import
     tokenizer = AutoTokenizer.from_pretrained(minilm_checkpoint_path())
     batches = benchmark.real_length_batches(tokenizer, num_batches)
+    conn.send("loaded")
+    conn.recv()  # the parent's turn to build (see the module docstring)
     with torch.inference_mode():
-        calls, precisions = _build(library, count, folder, artifacts, batches, bf16)
-        conn.send({"precisions": precisions, "isa": torch.backends.cpu.get_cpu_capability()})
-        while conn.recv() is not None:
+        calls, found = _build(library, count, folder, artifacts, batches, bf16)
+        conn.send(found | {"isa": torch.backends.cpu.get_cpu_capability()})
+        while (turn := conn.recv()) is not None:
             seconds = {}
-            for name, engine_calls in calls.items():
+            for name in rotated(list(calls), turn):
                 start = time.perf_counter()
-                for call in engine_calls:
+                for call in calls[name]:
                     call()
                 seconds[name] = time.perf_counter() - start
-            conn.send(seconds)
+            conn.send(seconds)  # in the order run
 
 
 def _runs(library: str, native: bool) -> bool:
@@ -190,9 +255,66 @@ def _runs(library: str, native: bool) -> bool:
     return True
 
 
-def measure(model_name: str, folder: str, artifacts: dict, args: ThreadsArguments, environment: dict, bf16: bool):
-    """Every engine of every library at each thread count, each (library, thread count) in its own process, the
-    processes taking turns."""
+def reference_outputs(folder: str, num_batches: int) -> dict:
+    """seqbert's fp32 eager `SeqBertModel` from the BERT checkpoint `folder` on the workers' batches: its hidden
+    states on the real tokens, a (tokens, hidden) fp32 tensor, and each sequence's number of real tokens."""
+    tokenizer = AutoTokenizer.from_pretrained(minilm_checkpoint_path())
+    batches = benchmark.real_length_batches(tokenizer, num_batches)
+    model = seqbert.SeqBertModel.from_bert_pretrained(folder).eval()
+    with torch.inference_mode():
+        states = [
+            model(**{name: batch[name] for name in benchmark_engines.ONNX_INPUTS}).last_hidden_state.float()[
+                batch["attention_mask"].bool()
+            ]
+            for batch in batches
+        ]
+    lengths = [n for batch in batches for n in batch["attention_mask"].sum(1).tolist()]
+    return {"states": torch.cat(states), "lengths": lengths}
+
+
+def agreement(output: np.ndarray, reference: dict, precision: str, eager_layers: bool = False) -> dict:
+    """How an engine's hidden states on the real tokens (`output`) compare with the reference's (`reference_outputs`):
+    the largest |delta|, the relative RMS error (|delta| / |expected|, Frobenius norms), the smallest cosine similarity
+    of the sequences' mean-pooled embeddings, and whether they agree within the tolerances of the engine's `precision`
+    (see the module docstring); a lower-precision engine that runs the eager fp32 layers (`eager_layers`) does not."""
+    expected, lengths = reference["states"], reference["lengths"]
+    got = torch.from_numpy(output)
+    if got.shape != expected.shape:
+        return {
+            "max_abs_delta": None,
+            "relative_error": None,
+            "min_cosine": None,
+            "agrees": False,
+            "shape": list(got.shape),
+        }
+    delta = (got - expected).abs().max().item()
+    relative = ((got - expected).norm() / expected.norm()).item()
+    pooled = [torch.stack([chunk.mean(0) for chunk in states.split(lengths)]) for states in (got, expected)]
+    cosine = torch.nn.functional.cosine_similarity(*pooled).min().item()
+    if precision == "fp32":
+        agrees = delta <= FP32_MAX_ABS_DELTA
+    else:
+        agrees = (
+            relative <= LOW_PRECISION_MAX_RELATIVE_ERROR and cosine >= LOW_PRECISION_MIN_COSINE and not eager_layers
+        )
+    found = {"max_abs_delta": delta, "relative_error": relative, "min_cosine": cosine, "agrees": bool(agrees)}
+    return found | ({"eager_layers": True} if eager_layers else {})
+
+
+def measure(
+    model_name: str,
+    folder: str,
+    artifacts: dict,
+    args: ThreadsArguments,
+    environment: dict,
+    bf16: bool,
+    reference: dict,
+):
+    """Every engine of every library at each thread count, each (library, thread count) in its own process (started
+    together, built one at a time), the processes taking turns in an order rotated each round; each engine's outputs
+    compared with `reference`
+    (`reference_outputs`). Returns the rows, torch's CPU capability in the workers and each round's order
+    (`engine@threads`, as run)."""
     context = multiprocessing.get_context("spawn")
     saved = dict(os.environ)
     os.environ.update(environment)  # the workers' environment (spawned processes copy it)
@@ -208,21 +330,39 @@ def measure(model_name: str, folder: str, artifacts: dict, args: ThreadsArgument
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    ready = {key: pipe.recv() for key, pipe in pipes.items()}
+    for pipe in pipes.values():
+        pipe.recv()  # loaded
+    ready = {}
+    for key, pipe in pipes.items():  # one at a time (see the module docstring)
+        pipe.send("build")
+        ready[key] = pipe.recv()
+    precisions = {name: p for answer in ready.values() for name, p in answer["precisions"].items()}
+    plans: dict = {}  # seqbert engine -> {threads: the plan it measured, `CpuInferencePlan.summary()`}
+    for (_, count), answer in ready.items():
+        for name, summary in answer["plans"].items():
+            plans.setdefault(name, {})[count] = summary
+    agreements: dict = {}
+    for (_, count), answer in ready.items():
+        for name, output in answer.pop("outputs").items():
+            found = agreement(output, reference, precisions[name], answer["eager_layers"].get(name, False))
+            agreements.setdefault(name, {})[count] = found
+            if not found["agrees"]:
+                print(f"DISAGREES: {model_name} {name} ({precisions[name]}) at {count} threads: {found}", flush=True)
     times: dict = {}
-    for _ in range(args.repeats):
-        for (_, count), pipe in pipes.items():
+    rounds = []
+    for turn in range(args.repeats):
+        order = []
+        for key in rotated(list(pipes), turn):
             time.sleep(TURN_GAP)
-            pipe.send(True)
-            for name, seconds in pipe.recv().items():
-                times.setdefault(name, {}).setdefault(count, []).append(seconds)
+            pipes[key].send(turn)
+            for name, seconds in pipes[key].recv().items():
+                times.setdefault(name, {}).setdefault(key[1], []).append(seconds)
+                order.append(f"{name}@{key[1]}")
+        rounds.append(order)
     for key, pipe in pipes.items():
         pipe.send(None)
         processes[key].join()
-    tokenizer = AutoTokenizer.from_pretrained(minilm_checkpoint_path())
-    batches = benchmark.real_length_batches(tokenizer, args.num_batches)
-    real = sum(batch["attention_mask"].sum().item() for batch in batches)
-    precisions = {name: p for answer in ready.values() for name, p in answer["precisions"].items()}
+    real = sum(reference["lengths"])
     rows = []
     for name, by_count in times.items():
         first, last = by_count[args.threads[0]], by_count[args.threads[-1]]
@@ -235,9 +375,42 @@ def measure(model_name: str, folder: str, artifacts: dict, args: ThreadsArgument
                 "tokens_per_s_range": {count: [real / max(s), real / min(s)] for count, s in by_count.items()},
                 "speedup": statistics.median(first) / statistics.median(last),
                 "speedup_range": [min(first) / max(last), max(first) / min(last)],
+                "agreement": {count: _rounded(found) for count, found in agreements[name].items()},
+                "agrees": all(found["agrees"] for found in agreements[name].values()),
+                **({"plan": plans[name]} if name in plans else {}),
             }
         )
-    return rows, next(answer["isa"] for answer in ready.values())
+    return rows, next(answer["isa"] for answer in ready.values()), rounds
+
+
+def _rounded(found: dict) -> dict:
+    return {key: float(f"{value:.3g}") if isinstance(value, float) else value for key, value in found.items()}
+
+
+def disagreements(result: dict) -> list[str]:
+    """The engines of `result` (`main`'s) that disagree with the reference, one line each."""
+    return [
+        f"{setting}: {row['model']} {row['engine']} ({row['precision']}): {row['agreement']}"
+        for setting, found in result["settings"].items()
+        for row in found["rows"]
+        if not row["agrees"]
+    ]
+
+
+def finish(result: dict, json_file: str | None) -> dict:
+    """Write `result` (with its `disagreements`) to `json_file`; then raise `EngineDisagreement` if any engine
+    disagrees, so that the script exits with an error, else return `result`."""
+    result["disagreements"] = disagreements(result)
+    write_json(json_file, result)
+    if result["disagreements"]:
+        lines = "\n".join(result["disagreements"])
+        print(f"\nDISAGREEMENT with seqbert's fp32 eager model:\n{lines}", flush=True)
+        raise EngineDisagreement(
+            f"{len(result['disagreements'])} engine run(s) disagree with seqbert's fp32 eager model (tolerances: fp32 "
+            f"max |delta| <= {FP32_MAX_ABS_DELTA}; else relative error <= {LOW_PRECISION_MAX_RELATIVE_ERROR} and "
+            f"mean-pooled cosine >= {LOW_PRECISION_MIN_COSINE}, computing in that precision):\n{lines}"
+        )
+    return result
 
 
 def onednn_isa(environment: dict) -> str:
@@ -280,18 +453,24 @@ def main(argv: list[str] | None = None) -> dict:
             artifacts[model_name] = {"onnx_fp32": onnx_fp32, "onnx_int8": onnx_int8} | {
                 f"ct2_{q}": benchmark_engines.convert_ctranslate2(folder, where, q) for q in ("float32", "int8")
             }
+        references = {name: reference_outputs(folder, args.num_batches) for name, folder in models.items()}
         for setting, environment in settings.items():
-            rows, torch_isa = [], None
+            rows, torch_isa, rounds = [], None, {}
             for model_name, folder in models.items():
-                model_rows, torch_isa = measure(
-                    model_name, folder, artifacts[model_name], args, environment, bf16=setting == "native"
+                model_rows, torch_isa, rounds[model_name] = measure(
+                    model_name,
+                    folder,
+                    artifacts[model_name],
+                    args,
+                    environment,
+                    bf16=setting == "native",
+                    reference=references[model_name],
                 )
                 rows += model_rows
             isa = {"torch": torch_isa, "onednn": onednn_isa(environment), "ctranslate2": ctranslate2_isa(environment)}
-            result["settings"][setting] = {"environment": environment, "isa": isa, "rows": rows}
+            result["settings"][setting] = {"environment": environment, "isa": isa, "rows": rows, "rounds": rounds}
             print_table(setting, isa, rows)
-    write_json(args.json_file, result)
-    return result
+    return finish(result, args.json_file)
 
 
 def print_table(setting: str, isa: dict, rows: list[dict]) -> None:
@@ -299,9 +478,18 @@ def print_table(setting: str, isa: dict, rows: list[dict]) -> None:
     for row in rows:
         rates = " / ".join(f"{rate:,.0f}" for rate in row["tokens_per_s"].values())
         low, high = row["speedup_range"]
+        found = list(row["agreement"].values())
+        deltas = [f["max_abs_delta"] for f in found if f["max_abs_delta"] is not None]
+        errors = [f["relative_error"] for f in found if f["relative_error"] is not None]
+        cosines = [f["min_cosine"] for f in found if f["min_cosine"] is not None]
+        check = (
+            f"max |delta| {max(deltas):.2g}, rel. error {max(errors):.2g}, min cos {min(cosines):.4f}"
+            if deltas
+            else "shapes differ"
+        )
         print(
             f"{row['model']:<26} {row['engine']:<24} {row['precision']:<5} {rates:>17} tokens/s  "
-            f"x{row['speedup']:.2f} [{low:.2f}-{high:.2f}]"
+            f"x{row['speedup']:.2f} [{low:.2f}-{high:.2f}]  {check}" + ("" if row["agrees"] else "  DISAGREES")
         )
 
 
