@@ -17,6 +17,7 @@ import seqbert
 from seqbert import cpu_inference
 from seqbert.cpu_inference import (
     ATTENTION_MODES,
+    LENGTH_GROUPS,
     ROLES,
     CpuInferencePlan,
     LengthGroups,
@@ -133,13 +134,13 @@ def test_length_groups_cover_every_token_once(tokenizer, rt_texts):
 
 def _plans(kernels: tuple[str, ...]) -> dict[str, CpuInferencePlan]:
     """Every choice `measure_plan` can make, forced one at a time: each linear kernel for all roles, one mixed plan,
-    each attention mode with 1 and 8 length groups (4 in the others)."""
+    each attention mode with each number of length groups (4 in the others)."""
     plans = {
         f"{kernel} linears": CpuInferencePlan(dict.fromkeys(ROLES, kernel), "written_out", 4) for kernel in kernels
     }
     plans["mixed linears"] = CpuInferencePlan(dict(zip(ROLES, (kernels * 5)[1:5], strict=True)), "sdpa", 4)
     for attention in ATTENTION_MODES:
-        for groups in (1, 8):
+        for groups in (group for group in LENGTH_GROUPS if group != 4):
             plans[f"{attention} attention, {groups} groups"] = CpuInferencePlan(
                 dict.fromkeys(ROLES, kernels[0]), attention, groups
             )

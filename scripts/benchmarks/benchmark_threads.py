@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """How CPU inference speed holds as threads are added: seqbert's serving precisions and the engines a user could run
 instead, at 1 and 2 threads (or `--threads`), on real-length batches; then again with torch, oneDNN and CTranslate2
-held to AVX2 (AVX2's instruction semantics on this CPU: a correctness check, not an AVX2 CPU's speed). About 15
-minutes on 2 cores.
+held to AVX2 (AVX2's instruction semantics on this CPU: a correctness check, not an AVX2 CPU's speed). About
+15 minutes on 2 cores (16 min on the Zen 4 of docs/benchmarks.md with `--no_avx2`).
 
     python scripts/benchmarks/benchmark_threads.py [--threads 1 2] [--repeats 7] [--num_batches 4]
         [--json_file benchmark_threads.json] [--no_avx2]

@@ -1,6 +1,9 @@
 #!/usr/bin/env python
 """How far int8 moves MiniLM-L6's hidden states from fp32 on real text under each way of keeping oneDNN's int8
-products exact on CPUs without VNNI (`seqbert.cpu_inference.int8_weight_levels` says why one was chosen):
+products exact on CPUs without VNNI (`seqbert.cpu_inference.int8_weight_levels` says why one was chosen). About
+20 seconds on 2 cores.
+
+The ways:
 
 - `8-bit` (the reference): 8-bit weights (127 levels a side) and activations, exact only where the CPU's int8
   products do not saturate (VNNI), or computed so here when they do not reach int16's limit;
@@ -13,7 +16,6 @@ Every variant runs `optimize_for_cpu_inference(model, int8=True)` with its quant
 `--num_snippets` Rotten Tomatoes snippets in file order (one padded batch), and reports max and mean |delta| from the
 fp32 eager model's last hidden state over real tokens and the smallest and mean per-token cosine similarity. On a CPU
 whose products saturate (or under `ONEDNN_MAX_CPU_ISA=AVX2`) the `8-bit` row shows the saturation's own error too.
-About 20 s on 2 cores.
 
     python scripts/checks/compare_int8_methods.py [--num_snippets 64] [--json_file int8_methods.json]
 """

@@ -705,6 +705,7 @@ def _plan_key(layer: SeqBertLayer, int8: bool, dtype: torch.dtype, lengths: list
     return (
         int8, dtype, shapes, config.num_attention_heads, config.hidden_act, type(layer), tuple(lengths),
         torch.get_num_threads(), torch.backends.cpu.get_cpu_capability(), int8 and int8_weight_levels(),
+        linear_kernels_available(int8, dtype),
     )  # fmt: skip
 
 
