@@ -58,19 +58,27 @@ def _torch_only(repeats: int = 3) -> "benchmark_threads.ThreadsArguments":
     )
 
 
-def test_each_round_starts_with_another_engine_and_the_engines_agree(minilm_path):
-    """torch's engines at 1 and 2 threads (two processes), 3 rounds: round r starts with the r-th process and, within
-    each process, with its r-th engine; every engine agrees with seqbert's fp32 eager model, the fp32 ones to 1e-4, the
-    int8 one within int8's tolerances, unless its timed plan kept the eager fp32 layers (a loaded machine can make the
-    eager layer time faster), which is a disagreement."""
+@pytest.fixture(scope="module")
+def torch_engines(minilm_path) -> tuple[dict, "benchmark_threads.Measurement"]:
+    """torch's engines on MiniLM at 1 and 2 threads (two processes), 3 rounds: the reference and the measurement."""
     reference = benchmark_threads.reference_outputs(str(minilm_path), 1)
-    rows, _, rounds = benchmark_threads.measure(
+    measurement = benchmark_threads.measure(
         "MiniLM-L6", str(minilm_path), {}, _torch_only(), {}, bf16=False, reference=reference
     )
+    return reference, measurement
+
+
+def test_each_round_starts_with_another_engine_and_the_engines_agree(torch_engines):
+    """Round r starts with the r-th process and, within each process, with its r-th engine; every engine agrees with
+    seqbert's fp32 eager model, the fp32 ones to 1e-4, the int8 one within int8's tolerances, unless its timed plan
+    kept the eager fp32 layers (a loaded machine can make the eager layer time faster), which is a disagreement."""
+    _, measurement = torch_engines
+    rows, rounds = measurement.rows, measurement.rounds
     engines = ["transformers", "seqbert", "seqbert_optimized", "seqbert_optimized_int8"]
     assert {row["engine"]: row["precision"] for row in rows} == dict(
         zip(engines, ["fp32", "fp32", "fp32", "int8"], strict=True)
     )
+    assert set(measurement.outputs) == {(name, count) for name in engines for count in (1, 2)}
     for row in rows:  # the optimized engines say which plan they measured at each thread count
         assert set(row.get("plan", {1: None, 2: None})) == {1, 2}
         assert ("plan" in row) == row["engine"].startswith("seqbert_optimized")
@@ -92,28 +100,22 @@ def test_each_round_starts_with_another_engine_and_the_engines_agree(minilm_path
                 assert found["min_cosine"] >= benchmark_threads.LOW_PRECISION_MIN_COSINE
 
 
-def test_a_disagreement_is_reported_and_fails_the_run(minilm_path, tmp_path, capsys):
-    """One real token of the reference moved by 0.01: the fp32 engines disagree (printed, recorded, and the run ends
-    with an error once the JSON is written); int8, held to int8's tolerances, still agrees (unless its timed plan kept
-    the eager layers)."""
-    reference = benchmark_threads.reference_outputs(str(minilm_path), 1)
+def test_a_disagreement_is_reported_and_fails_the_run(torch_engines, tmp_path, capsys):
+    """One real token of the reference moved by 0.01, the same engines' outputs checked against it: the fp32 engines
+    disagree (printed, recorded, and the run ends with an error once the JSON is written); int8, held to int8's
+    tolerances, still agrees (unless its timed plan kept the eager layers)."""
+    reference, measurement = torch_engines
     states = reference["states"].clone()
     states[0] += 0.01
-    rows, _, _ = benchmark_threads.measure(
-        "MiniLM-L6",
-        str(minilm_path),
-        {},
-        _torch_only(repeats=1),
-        {},
-        bf16=False,
-        reference=reference | {"states": states},
-    )
+    capsys.readouterr()
+    rows = benchmark_threads.rechecked(measurement, reference | {"states": states})
     eager = [count for row in rows for count, found in row["agreement"].items() if found.get("eager_layers")]
     assert {row["engine"]: row["agrees"] for row in rows} == {
         "transformers": False, "seqbert": False, "seqbert_optimized": False, "seqbert_optimized_int8": not eager
     }  # fmt: skip
     # three fp32 engines at two thread counts (and int8 where it ran the eager layers)
     assert capsys.readouterr().out.count("DISAGREES: MiniLM-L6") == 6 + len(eager)
+    assert [row["tokens_per_s"] for row in rows] == [row["tokens_per_s"] for row in measurement.rows]
     if eager:
         rows = [row for row in rows if row["precision"] == "fp32"]
     result = {"settings": {"native": {"rows": rows}}}

@@ -302,6 +302,53 @@ def agreement(output: np.ndarray, reference: dict, precision: str, eager_layers:
     return found | ({"eager_layers": True} if eager_layers else {})
 
 
+@dataclass
+class Measurement:
+    """What `measure` found for one model: the `rows` (one per engine: speeds, agreement, plans), torch's CPU capability
+    in the workers (`isa`), each round's order (`rounds`, `engine@threads` as run), and, per (engine, thread count),
+    its hidden states on the real tokens from its first, untimed pass (`outputs`, a (tokens, hidden) fp32 array) and
+    whether its timed plan kept the eager fp32 layers (`eager_layers`)."""
+
+    rows: list[dict]
+    isa: str
+    rounds: list[list[str]]
+    outputs: dict[tuple[str, int], np.ndarray]
+    eager_layers: dict[tuple[str, int], bool]
+
+
+def compare_outputs(
+    model_name: str, outputs: dict, precisions: dict, eager_layers: dict, reference: dict
+) -> dict[str, dict[int, dict]]:
+    """{engine: {thread count: `agreement` of its `outputs` with `reference`}}, each disagreement printed (DISAGREES)
+    as found. `outputs`, `precisions` and `eager_layers` are keyed by (engine, thread count), as `Measurement`'s."""
+    agreements: dict = {}
+    for (name, count), output in outputs.items():
+        precision = precisions[name, count]
+        found = agreement(output, reference, precision, eager_layers.get((name, count), False))
+        agreements.setdefault(name, {})[count] = found
+        if not found["agrees"]:
+            print(f"DISAGREES: {model_name} {name} ({precision}) at {count} threads: {found}", flush=True)
+    return agreements
+
+
+def rechecked(measurement: Measurement, reference: dict) -> list[dict]:
+    """`measurement`'s rows with their agreement (`agreement`, `agrees`) against another `reference`, computed from the
+    outputs the engines gave (no engine runs again); disagreements printed as `measure` prints them."""
+    precisions = {
+        (row["engine"], int(count)): row["precision"] for row in measurement.rows for count in row["agreement"]
+    }
+    model_name = measurement.rows[0]["model"]
+    agreements = compare_outputs(model_name, measurement.outputs, precisions, measurement.eager_layers, reference)
+    return [row | _agreement_fields(agreements[row["engine"]]) for row in measurement.rows]
+
+
+def _agreement_fields(by_count: dict[int, dict]) -> dict:
+    return {
+        "agreement": {count: _rounded(found) for count, found in by_count.items()},
+        "agrees": all(found["agrees"] for found in by_count.values()),
+    }
+
+
 def measure(
     model_name: str,
     folder: str,
@@ -310,12 +357,10 @@ def measure(
     environment: dict,
     bf16: bool,
     reference: dict,
-):
+) -> Measurement:
     """Every engine of every library at each thread count, each (library, thread count) in its own process (started
     together, built one at a time), the processes taking turns in an order rotated each round; each engine's outputs
-    compared with `reference`
-    (`reference_outputs`). Returns the rows, torch's CPU capability in the workers and each round's order
-    (`engine@threads`, as run)."""
+    compared with `reference` (`reference_outputs`) before the timing starts."""
     context = multiprocessing.get_context("spawn")
     saved = dict(os.environ)
     os.environ.update(environment)  # the workers' environment (spawned processes copy it)
@@ -337,18 +382,16 @@ def measure(
     for key, pipe in pipes.items():  # one at a time (see the module docstring)
         pipe.send("build")
         ready[key] = pipe.recv()
-    precisions = {name: p for answer in ready.values() for name, p in answer["precisions"].items()}
     plans: dict = {}  # seqbert engine -> {threads: the plan it measured, `CpuInferencePlan.summary()`}
+    outputs, precisions, eager_layers = {}, {}, {}  # keyed by (engine, thread count)
     for (_, count), answer in ready.items():
         for name, summary in answer["plans"].items():
             plans.setdefault(name, {})[count] = summary
-    agreements: dict = {}
-    for (_, count), answer in ready.items():
         for name, output in answer.pop("outputs").items():
-            found = agreement(output, reference, precisions[name], answer["eager_layers"].get(name, False))
-            agreements.setdefault(name, {})[count] = found
-            if not found["agrees"]:
-                print(f"DISAGREES: {model_name} {name} ({precisions[name]}) at {count} threads: {found}", flush=True)
+            outputs[name, count] = output
+            precisions[name, count] = answer["precisions"][name]
+            eager_layers[name, count] = answer["eager_layers"].get(name, False)
+    agreements = compare_outputs(model_name, outputs, precisions, eager_layers, reference)
     times: dict = {}
     rounds = []
     for turn in range(args.repeats):
@@ -371,17 +414,17 @@ def measure(
             {
                 "model": model_name,
                 "engine": name,
-                "precision": precisions[name],
+                "precision": precisions[name, args.threads[0]],
                 "tokens_per_s": {count: real / statistics.median(s) for count, s in by_count.items()},
                 "tokens_per_s_range": {count: [real / max(s), real / min(s)] for count, s in by_count.items()},
                 "speedup": statistics.median(first) / statistics.median(last),
                 "speedup_range": [min(first) / max(last), max(first) / min(last)],
-                "agreement": {count: _rounded(found) for count, found in agreements[name].items()},
-                "agrees": all(found["agrees"] for found in agreements[name].values()),
+                **_agreement_fields(agreements[name]),
                 **({"plan": plans[name]} if name in plans else {}),
             }
         )
-    return rows, next(answer["isa"] for answer in ready.values()), rounds
+    isa = next(answer["isa"] for answer in ready.values())
+    return Measurement(rows, isa, rounds, outputs, eager_layers)
 
 
 def _rounded(found: dict) -> dict:
@@ -458,7 +501,7 @@ def main(argv: list[str] | None = None) -> dict:
         for setting, environment in settings.items():
             rows, torch_isa, rounds = [], None, {}
             for model_name, folder in models.items():
-                model_rows, torch_isa, rounds[model_name] = measure(
+                measurement = measure(
                     model_name,
                     folder,
                     artifacts[model_name],
@@ -467,7 +510,8 @@ def main(argv: list[str] | None = None) -> dict:
                     bf16=setting == "native",
                     reference=references[model_name],
                 )
-                rows += model_rows
+                rows += measurement.rows
+                torch_isa, rounds[model_name] = measurement.isa, measurement.rounds
             isa = {"torch": torch_isa, "onednn": onednn_isa(environment), "ctranslate2": ctranslate2_isa(environment)}
             result["settings"][setting] = {"environment": environment, "isa": isa, "rows": rows, "rounds": rounds}
             print_table(setting, isa, rows)
