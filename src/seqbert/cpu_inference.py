@@ -548,29 +548,27 @@ def measure_plan(
     measurements: dict = {"linear_ms": {}, "attention_ms": {}}
     chosen = {}
     rows = min(unpadded.num_tokens, 512)
-    for role, (linears, activation, residual) in _layer_linears(layer).items():
+    linears_by_role = _layer_linears(layer)
+    for role, (linears, activation, residual) in linears_by_role.items():
         x = torch.randn(rows, linears[0].in_features, generator=generator).to(compute_dtype)
         other = hidden[0, :rows].to(compute_dtype) if residual else None
         packed = {kernel: PackedLinear(linears, int8, dtype, kernel, activation) for kernel in kernels}
         times = _median_times({k: functools.partial(p, x, other) for k, p in packed.items()}, rounds, 0.15 * budget)
         measurements["linear_ms"][role] = times
         chosen[role] = _preferred(times)
-    qkv_linears = _layer_linears(layer)["qkv"][0]
-    qkv = PackedLinear(qkv_linears, int8, dtype, chosen["qkv"])(hidden.to(compute_dtype))
+    qkv = PackedLinear(linears_by_role["qkv"][0], int8, dtype, chosen["qkv"])(hidden.to(compute_dtype))
     options = {}
     for mode in ATTENTION_MODES if compute_dtype == torch.float32 else ("sdpa",):
-        keys = LengthGroups.written_out_limit if mode == "written_out" else 0
         for groups in LENGTH_GROUPS:
             if groups <= len(lengths):
-                options[f"{mode}/{groups}"] = functools.partial(_grouped_attention, unpadded, groups, keys, qkv, layer)
+                options[f"{mode}/{groups}"] = functools.partial(_grouped_attention, unpadded, groups, mode, qkv, layer)
     times = _median_times(options, rounds, 0.15 * budget)
     measurements["attention_ms"] = times
     attention, groups = _preferred(times).split("/")
     plan = CpuInferencePlan(chosen, attention, int(groups))
     optimized = _optimized_layer(copy.deepcopy(layer), plan, int8, dtype)
     sdpa_mask = unpadded.sdpa_mask()
-    keys = LengthGroups.written_out_limit if plan.attention == "written_out" else 0
-    length_groups = LengthGroups(unpadded, plan.length_groups, keys)  # built once per forward, as the layout is
+    length_groups = _length_groups(unpadded, plan.length_groups, plan.attention)  # once per forward, as the layout
     optimized_input = hidden.to(compute_dtype)
     layer_times = _median_times(
         {
@@ -592,8 +590,15 @@ def measure_plan(
     return dataclasses.replace(plan, eager_layers=eager_layers, measurements=measurements)
 
 
-def _grouped_attention(unpadded, groups: int, keys: int, qkv: torch.Tensor, layer: SeqBertLayer) -> torch.Tensor:
-    return LengthGroups(unpadded, groups, keys).attend(qkv, layer.attention)
+def _length_groups(unpadded: UnpaddedBatch, groups: int, attention: str) -> LengthGroups:
+    """`LengthGroups` for an `ATTENTION_MODES` mode: "written_out" writes out the fp32 groups of at most
+    `LengthGroups.written_out_limit` keys, "sdpa" none."""
+    keys = LengthGroups.written_out_limit if attention == "written_out" else 0
+    return LengthGroups(unpadded, groups, keys)
+
+
+def _grouped_attention(unpadded, groups: int, attention: str, qkv: torch.Tensor, layer: SeqBertLayer) -> torch.Tensor:
+    return _length_groups(unpadded, groups, attention).attend(qkv, layer.attention)
 
 
 class _OptimizedEncoder(SeqBertEncoder):
@@ -607,8 +612,7 @@ class _OptimizedEncoder(SeqBertEncoder):
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, *args, **kwargs):
         if kwargs.get("unpadded") is not None:
-            keys = LengthGroups.written_out_limit if self._plan.attention == "written_out" else 0
-            kwargs["length_groups"] = LengthGroups(kwargs["unpadded"], self._plan.length_groups, keys)
+            kwargs["length_groups"] = _length_groups(kwargs["unpadded"], self._plan.length_groups, self._plan.attention)
         if self._dtype != torch.bfloat16 or not _bf16_applies(self, hidden_states, attention_mask):
             return super().forward(hidden_states, attention_mask, *args, **kwargs)
         layer_inputs = args[0] if args else kwargs.get("layer_inputs")
