@@ -337,16 +337,15 @@ def check_layout(layout: "SequenceLayout", call: str, query, key, cu_q, cu_k, ma
     """The variable-length kernel's call `call` against the batch's `layout`: T (the queries' and keys' first
     dimension), S (`cu_seqlens_q` / `cu_seqlens_k` hold S + 1 offsets) and `max_seqlen_q` / `max_seqlen_k` (the
     longest sequence), as the kernel trusts them (`LayoutMismatch`)."""
-    given = {
-        "T (query.shape[0])": query.shape[0],
-        "T (key.shape[0])": key.shape[0],
-        "S (cu_seqlens_q.numel() - 1)": cu_q.numel() - 1,
-        "S (cu_seqlens_k.numel() - 1)": cu_k.numel() - 1,
-        "max_seqlen_q": max_q,
-        "max_seqlen_k": max_k,
-    }
-    for name, value in given.items():
-        expected = {"T": layout.num_tokens, "S": layout.num_sequences, "m": layout.max_seqlen}[name[0]]
+    checks = (  # (what the call was given, its value, the batch's)
+        ("T (query.shape[0])", query.shape[0], layout.num_tokens),
+        ("T (key.shape[0])", key.shape[0], layout.num_tokens),
+        ("S (cu_seqlens_q.numel() - 1)", cu_q.numel() - 1, layout.num_sequences),
+        ("S (cu_seqlens_k.numel() - 1)", cu_k.numel() - 1, layout.num_sequences),
+        ("max_seqlen_q", max_q, layout.max_seqlen),
+        ("max_seqlen_k", max_k, layout.max_seqlen),
+    )
+    for name, value, expected in checks:
         if value != expected:
             raise LayoutMismatch(
                 f"{call} was given {name} = {value}; the batch ({layout.source}) has {expected} "
@@ -772,19 +771,22 @@ class StepCost:
     flops: int
 
 
-def measure_training_step(gpu: FakeGPU, model, optimizer, inputs: dict, lengths=None) -> StepCost:
+def measure_training_step(
+    gpu: FakeGPU, model, optimizer, inputs: dict, lengths=None, tracker: MemTracker | None = None
+) -> StepCost:
     """
     A training step of `model` on `inputs` (fake CUDA tensors with labels) as `Trainer(bf16=True)` runs it: the
     forward under bf16 autocast, `backward`, `optimizer.step()`, `zero_grad()`, with the optimizer's states already
-    allocated (as from the second step on: they are made here by a step on zero gradients). Peak memory by
-    `torch.distributed._tools.mem_tracker.MemTracker`, FLOPs by `FlopCounterMode` (`varlen_flop_formulas(lengths)`
-    where the variable-length kernel runs). The host reads are served by `gpu`.
+    allocated (as from the second step on: they are made here by a step on zero gradients). Peak memory by `tracker`
+    (a new `torch.distributed._tools.mem_tracker.MemTracker` by default; `estimate_gpu_memory.py` passes one that also
+    counts the attention kernels' workspaces), FLOPs by `FlopCounterMode` (`varlen_flop_formulas(lengths)` where the
+    variable-length kernel runs). The host reads are served by `gpu`.
     """
     for parameter in model.parameters():
         parameter.grad = torch.zeros_like(parameter)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    tracker = MemTracker()
+    tracker = MemTracker() if tracker is None else tracker
     tracker.track_external(model, optimizer)
     custom = varlen_flop_formulas(lengths) if lengths is not None else {}
     with warnings.catch_warnings(), tracker, FlopCounterMode(display=False, custom_mapping=custom) as flops:

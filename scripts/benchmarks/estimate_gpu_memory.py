@@ -196,8 +196,12 @@ def narrow(config):
     return config
 
 
+def _ceil_div(value: int, divisor: int) -> int:
+    return -(-value // divisor)
+
+
 def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
+    return _ceil_div(value, multiple) * multiple
 
 
 def _flash_workspace(rows: int, heads: int, head_dim: int) -> list[int]:
@@ -218,7 +222,7 @@ def _efficient_workspace(batch: int, heads: int, length: int, head_dim: int, dty
             f"{dtype} with head dim {head_dim}"
         )
     tile = 64 if head_dim <= 64 else 128
-    blocks = -(-length // tile) * -(-head_dim // tile)
+    blocks = _ceil_div(length, tile) * _ceil_div(head_dim, tile)
     return [batch * heads * blocks * (16 + tile * tile * 4), batch * heads * length * 4]
 
 
@@ -294,8 +298,6 @@ class AttentionWorkspaceTracker(MemTracker):
 def estimate(model_name: str, config, batch: dict) -> tuple:
     """`fake_cuda.StepCost` of a training step of `model_name` on `batch` on the fake GPU, the attention backward's
     workspaces included, and the `AttentionWorkspaceTracker` that measured it."""
-    from unittest import mock
-
     import fake_cuda
 
     model_class = MODEL_CLASSES[model_name]
@@ -304,15 +306,10 @@ def estimate(model_name: str, config, batch: dict) -> tuple:
         reads = fake_cuda.record_host_reads(lambda: reader(**batch))
     lengths = batch["attention_mask"].sum(1).tolist() if model_name == "seqbert" else None
     tracker = AttentionWorkspaceTracker()
-    # measure_training_step builds its own MemTracker: it gets this one, which adds the workspaces.
-    with (
-        fake_cuda.FakeGPU(reads) as gpu,
-        fake_cuda.GpuSdpaChoice(),
-        mock.patch.object(fake_cuda, "MemTracker", lambda: tracker),
-    ):
+    with fake_cuda.FakeGPU(reads) as gpu, fake_cuda.GpuSdpaChoice():
         model = gpu.model(model_class, config, torch.float32).train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5, fused=True)  # Trainer's default, adamw_torch_fused
-        return fake_cuda.measure_training_step(gpu, model, optimizer, gpu.tensors(batch), lengths), tracker
+        return fake_cuda.measure_training_step(gpu, model, optimizer, gpu.tensors(batch), lengths, tracker), tracker
 
 
 def measure_on_gpu(model_name: str, config, batch: dict, steps: int = 2) -> dict:
