@@ -20,6 +20,7 @@ whose products saturate (or under `ONEDNN_MAX_CPU_ISA=AVX2`) the `8-bit` row sho
     python scripts/checks/compare_int8_methods.py [--num_snippets 64] [--json_file int8_methods.json]
 """
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 from unittest import mock
@@ -107,14 +108,10 @@ def main(argv: list[str] | None = None) -> dict:
             patches.append(mock.patch.object(cpu_inference, "quantize_per_tensor_uint8", variant["quantize"]))
         if "init" in variant:
             patches.append(mock.patch.object(cpu_inference.PackedLinear, "__init__", variant["init"]))
-        for patch in patches:
-            patch.start()
-        try:
-            with torch.inference_mode():
-                got = seqbert.optimize_for_cpu_inference(model, int8=True, plan=plan)(**batch).last_hidden_state[real]
-        finally:
+        with contextlib.ExitStack() as stack, torch.inference_mode():
             for patch in patches:
-                patch.stop()
+                stack.enter_context(patch)
+            got = seqbert.optimize_for_cpu_inference(model, int8=True, plan=plan)(**batch).last_hidden_state[real]
         delta = (got - expected).abs()
         cosine = torch.nn.functional.cosine_similarity(got, expected, dim=-1)
         row = {
