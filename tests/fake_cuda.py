@@ -266,13 +266,20 @@ class SequenceLayout:
     The sequences of a batch as the variable-length kernel must be told them, computed by the harness from the batch
     itself (`of_batch`), independently of the code under test.
 
+    A static batch (`static_layout=True`, `StaticShapeCollator`'s) is told to the kernel as it is: every position a
+    token, every sequence slot (filler and empty ones too), and the bound `max_length_q` it states as `max_seqlen`,
+    which must be at least its longest sequence (the kernel does not check: `check_layout` does).
+
     Attributes:
-        lengths (`tuple[int, ...]`): the real tokens of each non-empty sequence, in input order.
+        lengths (`tuple[int, ...]`): the real tokens of each non-empty sequence, in input order (of a static batch:
+            every slot's, 0 for an empty one).
         source (`str`): what they were computed from, for messages.
+        bound (`int`, *optional*): a static batch's stated `max_length_q`.
     """
 
     lengths: tuple[int, ...]
     source: str
+    bound: int | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -286,8 +293,8 @@ class SequenceLayout:
 
     @property
     def max_seqlen(self) -> int:
-        """The longest sequence's length."""
-        return max(self.lengths, default=0)
+        """The longest sequence's length (a static batch: its stated bound)."""
+        return max(self.lengths, default=0) if self.bound is None else self.bound
 
     @property
     def cu_seqlens(self) -> list[int]:
@@ -307,6 +314,10 @@ class SequenceLayout:
         at 0). Rows and sequences without a real token are dropped, as the kernel is not told of them.
         """
         reference = batch["input_ids"] if batch.get("input_ids") is not None else batch["inputs_embeds"][..., 0]
+        if batch.get("static_layout"):
+            offsets = batch["cu_seq_lens_q"].tolist()
+            lengths = tuple(end - start for start, end in zip(offsets, offsets[1:], strict=False))
+            return cls(lengths, "static layout (cu_seq_lens_q, max_length_q)", batch["max_length_q"])
         length = reference.shape[-1]
         rows = reference.reshape(-1, length).shape[0]
         mask = batch.get("attention_mask")
@@ -345,6 +356,12 @@ def check_layout(layout: "SequenceLayout", call: str, query, key, cu_q, cu_k, ma
         ("max_seqlen_q", max_q, layout.max_seqlen),
         ("max_seqlen_k", max_k, layout.max_seqlen),
     )
+    longest = max(layout.lengths, default=0)
+    if layout.bound is not None and layout.bound < longest:
+        raise LayoutMismatch(
+            f"{call} was given max_seqlen = {max_q}, the static batch's bound ({layout.source}), but the batch holds a "
+            f"sequence of {longest} tokens: the kernel would compute part of it only"
+        )
     for name, value, expected in checks:
         if value != expected:
             raise LayoutMismatch(

@@ -45,6 +45,7 @@ from transformers import BertConfig, BertForSequenceClassification, DataCollator
 import seqbert
 from seqbert import attention_backends
 from seqbert.attention_backends import UnpaddedBatch
+from seqbert.static_shapes import StaticShapeCollator
 from seqbert.transformers_compat import CACHE_NAME
 
 
@@ -501,6 +502,111 @@ def test_outside_the_kernels_entry_conditions_attention_runs_sdpa(snippets, over
         capability=capability,
     )
     assert run.output.logits.dtype == dtype and run.model.classifier.weight.grad.dtype == dtype
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Static batches (`StaticShapeCollator`): no host read at all, what a CUDA graph captures
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _static_examples(tokenizer, rt_texts, name: str) -> list[dict]:
+    """8 real snippets, unpadded, with the labels of head `name` (a question of two choices for multiple choice)."""
+    encoded = [dict(tokenizer(text)) for text in rt_texts[:8]]
+    generator = torch.Generator().manual_seed(0)
+    if name == "sequence":
+        return [{**e, "label": i % 2} for i, e in enumerate(encoded)]
+    if name == "token":
+        return [
+            {**e, "labels": torch.randint(0, 3, (len(e["input_ids"]),), generator=generator).tolist()} for e in encoded
+        ]
+    if name == "qa":
+        return [{**e, "start_positions": 1, "end_positions": len(e["input_ids"]) - 2} for e in encoded]
+    if name == "choice":
+        return [
+            {
+                "input_ids": [a["input_ids"], b["input_ids"]],
+                "token_type_ids": [a["token_type_ids"], b["token_type_ids"]],
+                "label": 1,
+            }
+            for a, b in zip(encoded[::2], encoded[1::2], strict=True)
+        ]
+    return encoded  # masked LM: the collator masks
+
+
+STATIC_HEADS = {
+    "sequence": seqbert.SeqBertForSequenceClassification,
+    "token": seqbert.SeqBertForTokenClassification,
+    "qa": seqbert.SeqBertForQuestionAnswering,
+    "choice": seqbert.SeqBertForMultipleChoice,
+    "sparse masked LM": seqbert.SeqBertForMaskedLM,
+}
+
+
+def _static_batch(tokenizer, rt_texts, name: str, config) -> dict:
+    torch.manual_seed(0)  # masked LM's masking
+    collator = StaticShapeCollator(tokenizer, STATIC_HEADS[name](config), max_length=64)
+    return collator(_static_examples(tokenizer, rt_texts, name))
+
+
+@pytest.mark.parametrize("name", list(STATIC_HEADS))
+def test_a_static_training_step_reads_nothing(tokenizer, rt_texts, name):
+    """Every encoder head's training step on the collator's batch: no host sync, the kernel told the static layout
+    (T the bucket's tokens, S its slots, `max_seqlen` the bound the batch states), forward and backward."""
+    config = tiny_config(num_labels=2 if name == "qa" else 3, sparse_prediction=True)
+    batch = _static_batch(tokenizer, rt_texts, name, config)
+    run = dry_run(STATIC_HEADS[name], config, batch, host_syncs=0)
+    assert run.output.loss.shape == () and run.output.loss.device.type == "cuda"
+    assert run.layout.num_tokens == batch["input_ids"].shape[1] and run.layout.max_seqlen == 64
+    assert run.layout.num_sequences == batch["cu_seq_lens_q"].numel() - 1 > 8
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["bf16 weights", "fp32 weights under bf16 autocast"])
+def test_static_inference_and_autocast_read_nothing(tokenizer, rt_texts, autocast):
+    """The encoder's inference forward (bf16), and a classifier's training step as `Trainer(bf16=True)` runs it."""
+    config = tiny_config(num_labels=3)
+    batch = _static_batch(tokenizer, rt_texts, "sequence", config)
+    if autocast:
+        run = dry_run(STATIC_HEADS["sequence"], config, batch, torch.float32, autocast=True, host_syncs=0)
+        assert run.output.logits.shape == (batch["cu_seq_lens_q"].numel() - 1, 3)
+    else:
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        run = dry_run(seqbert.SeqBertModel, config, inputs, train=False, host_syncs=0)
+        assert run.output.last_hidden_state.shape == (*batch["input_ids"].shape, 64)
+        assert run.output.pooler_output.shape == (batch["cu_seq_lens_q"].numel() - 1, 64)
+
+
+@pytest.fixture
+def static_step(tokenizer, rt_texts):
+    config = tiny_config(num_labels=3)
+    batch = _static_batch(tokenizer, rt_texts, "sequence", config)
+    return batch, lambda batch: dry_run(STATIC_HEADS["sequence"], config, batch, host_syncs=0)
+
+
+def test_a_static_batch_whose_bound_is_below_a_sequence_fails(static_step):
+    """Planted: `max_length_q` one below the longest snippet (a collator that fixed the bound wrongly): the kernel
+    would compute part of that sequence only, without an error."""
+    batch, step = static_step
+    offsets = batch["cu_seq_lens_q"].tolist()
+    longest = max(end - start for start, end in zip(offsets, offsets[1:], strict=False))
+    wrong = {**batch, "max_length_q": longest - 1, "max_length_k": longest - 1}
+    with pytest.raises(fake_cuda.LayoutMismatch, match=f"the batch holds a sequence of {longest} tokens"):
+        step(wrong)
+
+
+def test_a_host_read_in_a_static_step_fails(static_step, monkeypatch):
+    """Planted: an `.item()` in the step (the token count read back, as a check might)."""
+    batch, step = static_step
+    encode = seqbert.SeqBertModel._encode_unpadded
+
+    def planted(self, unpadded, *args, **kwargs):
+        assert unpadded.num_tokens == int(unpadded.cu_seqlens[-1].item())
+        return encode(self, unpadded, *args, **kwargs)
+
+    monkeypatch.setattr(seqbert.SeqBertModel, "_encode_unpadded", planted)
+    with pytest.raises(
+        fake_cuda.CudaPathFault, match=r"1 host syncs, expected 0: item at test_cuda_dry_run.py:\d+ planted"
+    ):
+        step(batch)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from .modeling_seqbert import (
     SeqBertPreTrainedModel,
 )
 from .optimum_export import register_optimum_export_configs_on_import
+from .static_shapes import StaticShapeCollator
 
 
 __version__ = SEQBERT_VERSION
@@ -68,4 +69,5 @@ __all__ = [
     "optimize_for_cpu_inference",
     "CpuInferencePlan",
     "UnsupportedCpuError",
+    "StaticShapeCollator",
 ]

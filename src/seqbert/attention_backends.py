@@ -247,11 +247,17 @@ class UnpaddedBatch:
     shortcut, exact): as a key it is masked out (weight exactly 0 after the softmax, times a finite value of the same
     sequence), and as a query its output is never read, so neither results nor gradients change.
 
+    A *static* batch (`from_static_layout`, what `StaticShapeCollator` builds for CUDA graphs) is one packed row
+    whose every position is a token of some sequence (filler sequences included), whose `cu_seqlens` may repeat an
+    offset (empty sequences, to fix S), and whose `max_seqlen` is a bound given with the batch (at least the longest
+    sequence), so that every size is known without reading the device.
+
     Attributes:
-        indices (`torch.LongTensor` of shape `(T,)`): flat input positions `b * L + l` of the real tokens, in order.
+        indices (`torch.LongTensor` of shape `(T,)`, or None): flat input positions `b * L + l` of the real tokens, in
+            order; None where every position is one (a static batch: unpadding and padding are views).
         input_shape (`tuple[int, int]`): (B, L).
         cu_seqlens (`torch.IntTensor` of shape `(S + 1,)`): int32 cumulative sequence lengths, from 0 to T.
-        max_seqlen (`int`): the longest sequence's length, L_max.
+        max_seqlen (`int`): the longest sequence's length, L_max (a static batch: a bound on it).
         packed (`bool`): some row holds more than one sequence.
         token_sequence (`torch.LongTensor` of shape `(T,)`): each real token's sequence, 0 .. S-1 (computed on first
             use: variable-length attention never needs it).
@@ -265,7 +271,7 @@ class UnpaddedBatch:
             each flat attention position holds: its own, or after a sequence's end that sequence's first.
     """
 
-    indices: torch.Tensor
+    indices: torch.Tensor | None
     input_shape: tuple[int, int]
     cu_seqlens: torch.Tensor
     max_seqlen: int
@@ -360,9 +366,27 @@ class UnpaddedBatch:
         batch._cache["token_sequence"] = sequence_index.index_select(0, indices)
         return batch.with_attention_layout() if attention_layout else batch
 
+    @classmethod
+    def from_static_layout(
+        cls, cu_seqlens: torch.Tensor, max_seqlen: int, input_shape: tuple[int, int]
+    ) -> "UnpaddedBatch":
+        """
+        The layout of a static batch (see the class docstring), as given with it: reads nothing on the host, builds
+        nothing on the device. The caller vouches for it (`StaticShapeCollator` checked it on the CPU).
+
+        Args:
+            cu_seqlens (`torch.IntTensor` of shape `(S + 1,)`): int32 offsets from 0 to T = B x L, non-decreasing
+                (a repeated offset is an empty sequence).
+            max_seqlen (`int`): at least the longest sequence's length.
+            input_shape (`tuple[int, int]`): (B, L) of the inputs, every position a token.
+        """
+        return cls(indices=None, input_shape=input_shape, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, packed=True)
+
     @property
     def num_tokens(self) -> int:
         """T, the number of real tokens."""
+        if self.indices is None:
+            return self.input_shape[0] * self.input_shape[1]
         return self.indices.numel()
 
     @property
@@ -374,18 +398,22 @@ class UnpaddedBatch:
         return self._cache["token_sequence"]
 
     def with_attention_layout(self) -> "UnpaddedBatch":
-        """This batch, with the attention layout built (from `cu_seqlens`, no host read) and `varlen` False."""
+        """This batch, with the attention layout built (from `cu_seqlens`, no host read) and `varlen` False. An empty
+        sequence (a static batch's) gets one key, a token of the batch, so that no row of the softmax is all masked:
+        its output is never read, so neither results nor gradients change (our own shortcut, as the repeated first
+        token below)."""
         max_seqlen = self.max_seqlen
         first_token = self.cu_seqlens[:-1].long()  # (S,)
         column = torch.arange(max_seqlen, device=first_token.device)
-        attention_mask = column < self.cu_seqlens.diff()[:, None]  # (S, L_max)
+        attention_mask = column < self.cu_seqlens.diff().clamp(min=1)[:, None]  # (S, L_max)
         token = torch.arange(self.num_tokens, device=first_token.device)
+        sources = (first_token[:, None] + column * attention_mask).reshape(-1)
         return replace(
             self,
             varlen=False,
             attention_mask=attention_mask,
             attention_indices=self.token_sequence * max_seqlen + (token - first_token[self.token_sequence]),
-            attention_sources=(first_token[:, None] + column * attention_mask).reshape(-1),
+            attention_sources=sources.clamp(max=self.num_tokens - 1),  # an empty sequence at the end: the last token
         )
 
     def attention_fallback(self) -> "UnpaddedBatch":
@@ -412,12 +440,20 @@ class UnpaddedBatch:
 
     def unpad(self, padded: torch.Tensor) -> torch.Tensor:
         """(B, L, ...) in the input layout -> (1, T, ...): the real tokens' rows."""
-        return padded.reshape(-1, *padded.shape[2:]).index_select(0, self.indices).unsqueeze(0)
+        rows = padded.reshape(1, -1, *padded.shape[2:])
+        return rows if self.indices is None else rows.squeeze(0).index_select(0, self.indices).unsqueeze(0)
 
     def pad(self, unpadded: torch.Tensor) -> torch.Tensor:
         """(1, T, ...) -> (B, L, ...) in the input layout, zeros at padding."""
+        if self.indices is None:
+            return unpadded.view(*self.input_shape, *unpadded.shape[2:])
         rows = unpadded.new_zeros(self.input_shape[0] * self.input_shape[1], *unpadded.shape[2:])
         return rows.index_copy_(0, self.indices, unpadded.squeeze(0)).view(*self.input_shape, *unpadded.shape[2:])
+
+    def first_tokens(self, unpadded: torch.Tensor) -> torch.Tensor:
+        """(1, T, ...) -> (S, ...): each sequence's first token, by a gather of fixed size (an empty sequence's row is
+        another token's, or the last token's at the end: it stands for no sequence)."""
+        return unpadded.squeeze(0).index_select(0, self.cu_seqlens[:-1].clamp(max=self.num_tokens - 1))
 
     def to_attention_layout(self, unpadded: torch.Tensor) -> torch.Tensor:
         """(1, T, ...) -> (S, L_max, ...), one sequence per row; after a sequence's end, its first token again."""
@@ -440,12 +476,21 @@ def _capability_runs_flash_attention(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 8
 
 
+@torch.compiler.assume_constant_result
 def runs_flash_attention(device: torch.device) -> bool:
     """Whether `device` is a CUDA GPU that runs flash-attention's kernels: compute capability 8.0 (Ampere) or newer,
-    and not a ROCm build of torch (its flash kernels are another implementation, not tested with SeqBERT)."""
+    and not a ROCm build of torch (its flash kernels are another implementation, not tested with SeqBERT). A fact of
+    the device: `torch.compile` takes it as a constant of the graph (it asks the driver, which it cannot trace)."""
     if device.type != "cuda" or torch.version.hip is not None:
         return False
     return _capability_runs_flash_attention(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@torch.compiler.assume_constant_result
+def _flash_enabled() -> bool:
+    """`torch.backends.cuda.flash_sdp_enabled()`, which `torch.compile` cannot trace: a graph takes the value it had
+    when compiled (switching flash off with `sdpa_kernel` afterwards does not reach a compiled graph)."""
+    return torch.backends.cuda.flash_sdp_enabled()
 
 
 _HALF_PRECISION = (torch.float16, torch.bfloat16)
@@ -469,7 +514,7 @@ def varlen_attention_applies(device: torch.device, dtype: torch.dtype, head_dim:
     if dtype not in _HALF_PRECISION or head_dim % 8 != 0 or head_dim > 256:
         return False
     kernel = flash_attention_forward is not None or (varlen_attn is not None and dropout == 0.0)
-    return kernel and torch.backends.cuda.flash_sdp_enabled() and runs_flash_attention(device)
+    return kernel and _flash_enabled() and runs_flash_attention(device)
 
 
 def varlen_attention_fits(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout: float) -> bool:

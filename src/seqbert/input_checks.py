@@ -157,6 +157,25 @@ class MultiHot(DeferredCheck):
 
 
 @dataclass(frozen=True)
+class NoSegmentIds(DeferredCheck):
+    """`token_type_ids` are all 0, for a model without segment embeddings (`type_vocab_size=0`)."""
+
+    token_type_ids: torch.Tensor
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.token_type_ids.any(),)
+
+    def passes(self, values: list[int]) -> bool:
+        return not any(values)
+
+    def raise_error(self) -> None:
+        raise ValueError(
+            "token_type_ids holds non-zero segment ids, but the model has no segment embeddings "
+            "(type_vocab_size=0): drop token_type_ids"
+        )
+
+
+@dataclass(frozen=True)
 class CumulativeLengthsCover(DeferredCheck):
     """`cu_seq_lens_q` (the flattening collator's cumulative lengths) runs from 0 to the number of tokens."""
 
@@ -320,11 +339,10 @@ def check_encoder_inputs(
         check_shape("token_type_ids", token_type_ids, (batch_size, seq_len), f"like {name}", broadcast=True)
         if config.type_vocab_size > 0:
             in_range("token_type_ids", token_type_ids, config.type_vocab_size, "type_vocab_size")
-        elif eager_execution() and bool(token_type_ids.any()):
-            raise ValueError(
-                "token_type_ids holds non-zero segment ids, but the model has no segment embeddings "
-                "(type_vocab_size=0): drop token_type_ids"
-            )
+        elif deferred is not None:
+            deferred.append(NoSegmentIds(token_type_ids))
+        elif eager_execution():
+            read_on_host([NoSegmentIds(token_type_ids)])
     if position_ids is not None:
         check_tensor("position_ids", position_ids, "integer", (2,), "(batch_size, sequence_length)")
         check_shape("position_ids", position_ids, (batch_size, seq_len), f"like {name}", broadcast=True)
@@ -388,6 +406,51 @@ def packed_sequence_ids(
             )
         return None
     return None if sequence_ids is None else sequence_ids.expand(batch_size, seq_len)
+
+
+def check_static_layout(input_ids, inputs_embeds, attention_mask, kwargs: dict) -> tuple[torch.Tensor, int]:
+    """
+    The arguments of a static batch (`static_layout=True`, as `StaticShapeCollator` builds it: one packed row, every
+    position a token of some sequence, `cu_seq_lens_q` with S + 1 int32 offsets from 0 to T, `max_length_q` a bound
+    on the longest sequence), checked by type and shape only: the collator checked their values on the CPU, and the
+    forward reads nothing on the host.
+
+    Returns:
+        `(cu_seq_lens_q, max_length_q)`.
+
+    Raises:
+        TypeError: `cu_seq_lens_q` is not an int32 tensor, or `max_length_q` not an int.
+        ValueError: either is missing, `cu_seq_lens_q` is not 1-D with at least 2 offsets, `max_length_q` < 1, the
+            inputs are not one row, or an `attention_mask` is given (a static row has no padding).
+    """
+    cu_seq_lens, max_length = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
+    if cu_seq_lens is None or max_length is None:
+        raise ValueError(
+            "static_layout=True needs cu_seq_lens_q (S + 1 int32 offsets) and max_length_q (an int bound on the "
+            f"longest sequence); got cu_seq_lens_q={'given' if cu_seq_lens is not None else None}, "
+            f"max_length_q={max_length!r}: build the batch with seqbert.StaticShapeCollator"
+        )
+    check_tensor("cu_seq_lens_q", cu_seq_lens, "any", (1,), "(num_sequences + 1,)")
+    if cu_seq_lens.dtype != torch.int32 or cu_seq_lens.numel() < 2:
+        raise TypeError(
+            f"cu_seq_lens_q must be int32 with at least 2 offsets (the variable-length kernel's type), got "
+            f"{cu_seq_lens.dtype} with {cu_seq_lens.numel()}"
+        )
+    if isinstance(max_length, bool) or not isinstance(max_length, int):
+        raise TypeError(f"max_length_q must be an int (a static bound, known on the host), got {max_length!r}")
+    if max_length < 1:
+        raise ValueError(f"max_length_q ({max_length}) must be at least 1")
+    reference = input_ids if input_ids is not None else inputs_embeds
+    if reference is not None and reference.shape[0] != 1:
+        raise ValueError(
+            f"static_layout=True takes one packed row, (1, total_tokens); got inputs of shape {tuple(reference.shape)}"
+        )
+    if attention_mask is not None:
+        raise ValueError(
+            "static_layout=True takes no attention_mask: every position of a static row is a token of some sequence "
+            "(cu_seq_lens_q says which)"
+        )
+    return cu_seq_lens, max_length
 
 
 # How SeqBertDecoder's arguments are named in messages: as SeqBertForConditionalGeneration.forward calls them (with

@@ -83,6 +83,7 @@ from .input_checks import (
     check_multiple_choice_inputs,
     check_sequence_classification_labels,
     check_shape,
+    check_static_layout,
     check_tensor,
     eager_execution,
     input_batch_shape,
@@ -579,6 +580,12 @@ _LOADING_KWARGS = (
 )
 
 
+@torch.compiler.disable
+def _call_eagerly(module: nn.Module, *args, **kwargs):
+    """`module(*args, **kwargs)`, never compiled (see `SeqBertPreTrainedModel.__call__`)."""
+    return nn.Module.__call__(module, *args, **kwargs)
+
+
 class SeqBertPreTrainedModel(PreTrainedModel):
     """Weight initialisation, attention-backend flags and BERT import shared by every SeqBERT model."""
 
@@ -619,6 +626,14 @@ class SeqBertPreTrainedModel(PreTrainedModel):
             raise TypeError(f"config must be a SeqBertConfig, got {type(config).__name__}")
         config.validate_seqbert_fields()
         super().__init__(config, *inputs, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        """`nn.Module.__call__`, except that under `torch.compile` a batch its static-shape collator could not fit
+        (`static_layout=False`: beyond the collator's ladder, laid out as usual) runs eagerly, outside the compiled
+        graph (one graph break), so that no CUDA graph is recorded for a shape seen once, nor a stale one replayed."""
+        if kwargs.get("static_layout") is False and torch.compiler.is_compiling():
+            return _call_eagerly(self, *args, **kwargs)
+        return super().__call__(*args, **kwargs)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -851,6 +866,17 @@ class SeqBertPreTrainedModel(PreTrainedModel):
 # ----------------------------------------------------------------------------------------------------------------------
 
 
+def static_batch(input_ids, inputs_embeds, attention_mask, kwargs: dict) -> UnpaddedBatch | None:
+    """The layout of a static batch (`static_layout=True` in `kwargs`, which is removed), as its collator gave it
+    (`UnpaddedBatch.from_static_layout`, checked by type and shape: `check_static_layout`); None for any other batch
+    (`static_layout` False or absent)."""
+    if not kwargs.pop("static_layout", None):
+        return None
+    cu_seq_lens, max_length = check_static_layout(input_ids, inputs_embeds, attention_mask, kwargs)
+    reference = input_ids if input_ids is not None else inputs_embeds
+    return UnpaddedBatch.from_static_layout(cu_seq_lens, max_length, tuple(reference.shape[:2]))
+
+
 @dataclass
 class SeqBertModelOutput(BaseModelOutputWithPooling):
     """
@@ -921,6 +947,13 @@ class SeqBertModel(SeqBertPreTrainedModel):
                 the sequence boundaries instead of `position_ids`.
             deferred_reads (`DeferredReads`, *optional*): a task head's checks of its own arguments (labels) and
                 scalars it needs on the host, read in the encoder's one host read, before the encoder runs.
+            static_layout (`bool`, *optional*): what `StaticShapeCollator` adds to its batches. True: the inputs are
+                one packed row of fixed size, `cu_seq_lens_q` (int32, S + 1 offsets, an offset repeated for an empty
+                sequence) and `max_length_q` (an int bound on the longest sequence) describe it, and the collator
+                checked every value on the CPU: the forward reads nothing on the host (no sync on a GPU) and every
+                shape is the batch's, so a CUDA graph can capture it. `pooler_output` is then (S, H), one row per
+                sequence. False: a batch the collator could not fit (beyond its ladder), laid out as usual; under
+                `torch.compile` the model runs it eagerly, outside any graph.
             output_hidden_states, output_attentions, return_dict: as in every transformers model.
 
         Returns:
@@ -940,15 +973,17 @@ class SeqBertModel(SeqBertPreTrainedModel):
                 `cu_seq_lens_q` that does not cover the batch; packed rows without `cu_seq_lens_q` under
                 flash-attention. Value checks are skipped under `torch.compile` and tracing.
         """
-        # Every value check, a head's included, is read on the host together with the unpadded layout: one sync.
+        # Every value check, a head's included, is read on the host together with the unpadded layout: one sync. A
+        # static batch's values were checked by its collator on the CPU: nothing is read.
         reads = DeferredReads() if deferred_reads is None else deferred_reads
+        static = static_batch(input_ids, inputs_embeds, attention_mask, kwargs)
         value_checks = []
         check_encoder_inputs(
             self.config, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, value_checks
         )
         reads.checks[:0] = value_checks
         unpadded, sequence_ids, all_real = self._unpadded_batch(
-            input_ids, inputs_embeds, attention_mask, position_ids, reads, kwargs
+            input_ids, inputs_embeds, attention_mask, position_ids, reads, kwargs, static
         )
         if all_real and self.config._attn_implementation == "sdpa":
             attention_mask = None  # nothing to mask: no mask to build (transformers would read the host to find out)
@@ -982,7 +1017,11 @@ class SeqBertModel(SeqBertPreTrainedModel):
             sequence_output, layer_inputs = self._encode_unpadded(
                 unpadded, input_ids, token_type_ids, position_ids, inputs_embeds, layer_inputs, **kwargs
             )
-        pooled_output = self.pooler(sequence_output) if self.pooler is not None else None  # (B, H)
+        pooled_output = None
+        if self.pooler is not None and static is not None:  # (S, H): each sequence's first token, a fixed-size gather
+            pooled_output = self.pooler(static.first_tokens(sequence_output)[:, None])
+        elif self.pooler is not None:
+            pooled_output = self.pooler(sequence_output)  # (B, H)
         stacked = torch.stack(layer_inputs[: self.config.num_decoder_layers], dim=1) if layer_inputs else None
         return SeqBertModelOutput(last_hidden_state=sequence_output, pooler_output=pooled_output, layer_inputs=stacked)
 
@@ -994,6 +1033,7 @@ class SeqBertModel(SeqBertPreTrainedModel):
         position_ids: torch.Tensor | None,
         reads: DeferredReads,
         kwargs: dict,
+        static: UnpaddedBatch | None = None,
     ) -> tuple[UnpaddedBatch | None, torch.Tensor | None, bool]:
         """
         `(layout, sequence_ids, all_real)`: the real tokens' layout when the unpadded fast path applies (sdpa
@@ -1008,13 +1048,21 @@ class SeqBertModel(SeqBertPreTrainedModel):
         (`UnpaddedBatch.from_mask`); so are the head's scalars, into `reads.values`. On a CUDA GPU that runs
         flash-attention, in fp16 / bf16, the layout is `cu_seqlens` alone, for the variable-length kernel
         (`varlen_attention_applies`); elsewhere attention lays the tokens out per sequence.
+
+        A static batch (`static`, its layout as given) reads nothing, eagerly as under `torch.compile`: its values
+        were checked on the CPU, and its sizes are its shapes.
         """
-        eligible = self.config._attn_implementation == "sdpa" and eager_execution()
+        eligible = self.config._attn_implementation == "sdpa" and (static is not None or eager_execution())
         eligible = eligible and (attention_mask is None or attention_mask.dim() == 2)
         eligible = eligible and not any(
             kwargs.get(name, getattr(self.config, name, False))
             for name in ("output_hidden_states", "output_attentions")
         )
+        if static is not None:
+            reads.values = None
+            if not eligible:  # the padded path, each sequence attending within itself
+                return None, packed_sequence_ids(self.config, input_ids, inputs_embeds, None, kwargs, []), False
+            return self._attention_layout(static, input_ids, inputs_embeds), None, False
         if not eligible:
             reads.values = read_on_host(reads.checks, reads.scalars) if eager_execution() else None
             return None, packed_sequence_ids(self.config, input_ids, inputs_embeds, position_ids, kwargs), False
@@ -1028,6 +1076,13 @@ class SeqBertModel(SeqBertPreTrainedModel):
             return None, None, False  # nothing to keep
         if unpadded.num_tokens == batch_size * seq_len and not unpadded.packed:
             return None, None, True  # nothing to drop
+        return self._attention_layout(unpadded, input_ids, inputs_embeds), sequence_ids, False
+
+    def _attention_layout(
+        self, unpadded: UnpaddedBatch, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None
+    ) -> UnpaddedBatch:
+        """`unpadded` laid out for attention: `cu_seqlens` alone for the variable-length kernel where it applies
+        (`varlen_attention_applies`: CUDA, flash-attention, fp16 / bf16), else one sequence per row."""
         reference = input_ids if input_ids is not None else inputs_embeds
         dtype = self.embeddings.layer_norm.weight.dtype
         if torch.is_autocast_enabled(reference.device.type):
@@ -1035,8 +1090,8 @@ class SeqBertModel(SeqBertPreTrainedModel):
         dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
         head_dim = self.config.hidden_size // self.config.num_attention_heads
         if varlen_attention_applies(reference.device, dtype, head_dim, dropout):
-            return replace(unpadded, varlen=True), sequence_ids, False
-        return unpadded.with_attention_layout(), sequence_ids, False
+            return replace(unpadded, varlen=True)
+        return unpadded.with_attention_layout()
 
     def _encode_unpadded(
         self,
@@ -1323,6 +1378,41 @@ def read_count(reads: DeferredReads, index: int | None) -> int | None:
     return None if index is None or not reads.values else reads.values[index]
 
 
+def static_rows(kwargs: dict) -> int | None:
+    """S, the sequences of a static batch (`static_layout=True` in `kwargs`: `cu_seq_lens_q` holds S + 1 offsets),
+    known from a shape; None for any other batch."""
+    if not kwargs.get("static_layout") or kwargs.get("cu_seq_lens_q") is None:
+        return None
+    return kwargs["cu_seq_lens_q"].shape[0] - 1
+
+
+def static_float_loss(labels: torch.Tensor, logits: torch.Tensor, config: SeqBertConfig) -> torch.Tensor:
+    """
+    Regression or multi-label classification over a static batch's sequences, whose filler rows carry NaN targets
+    (`StaticShapeCollator`'s convention, as -100 for class ids): the mean over the real rows of what
+    `ForSequenceClassificationLoss` computes (squared error, or BCE with logits), with fixed shapes and no host read.
+
+    Args:
+        labels (`torch.FloatTensor` of shape `(S,)` or `(S, C)`): targets, NaN on filler rows.
+        logits (`torch.FloatTensor` of shape `(S, C)`).
+        config (`SeqBertConfig`): `num_labels` and `problem_type` (set as transformers sets it where None).
+
+    Returns:
+        A float32 scalar (0.0 where every row is filler).
+    """
+    if config.problem_type is None:
+        config.problem_type = "regression" if config.num_labels == 1 else "multi_label_classification"
+    if labels.dim() == 1:  # (S,): one target a sequence, num_labels == 1
+        labels = labels[:, None]
+    real = ~labels.isnan()
+    targets = labels.nan_to_num(0.0)
+    if config.problem_type == "regression":
+        terms = (logits - targets) ** 2
+    else:
+        terms = nn.functional.binary_cross_entropy_with_logits(logits, targets, reduction="none")
+    return torch.where(real, terms, 0.0).sum() / real.sum().clamp(min=1)
+
+
 def _classifier_dropout(config: SeqBertConfig) -> nn.Dropout:
     """BERT's rule: `classifier_dropout` if set, else `hidden_dropout_prob`."""
     p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
@@ -1365,16 +1455,26 @@ class SeqBertForMaskedLM(SeqBertPreTrainedModel):
         With `config.sparse_prediction` and `labels`, only the M labelled positions reach the vocabulary projection
         and `logits` are (M, V), in row-major order (`labels[labels != -100]` are their targets); the loss and
         gradients are dense scoring's up to the order of float sums (the per-position logits are identical). The
-        labels are checked, and M counted, in the encoder's one host read, before it runs.
+        labels are checked, and M counted, in the encoder's one host read, before it runs. A static batch
+        (`static_layout=True`, `StaticShapeCollator`) reads nothing: `max_predictions` (an int >= M, from the
+        collator) rows are gathered, `logits` are (max_predictions, V), and the rows beyond M take no loss.
         """
         reads, counted = DeferredReads(), None
         shape = input_batch_shape(input_ids, inputs_embeds)
         sparse = labels is not None and shape is not None and self.config.sparse_prediction
+        static = static_rows(kwargs) is not None
+        max_predictions = kwargs.pop("max_predictions", None)  # a static batch's bound on M
+        if sparse and static and (isinstance(max_predictions, bool) or not isinstance(max_predictions, int)):
+            raise ValueError(
+                "a static batch (static_layout=True) for a sparse_prediction model needs max_predictions, an int "
+                f"bound on the labelled positions (StaticShapeCollator(mlm_probability=...) adds it); got {max_predictions!r}"
+            )
         if labels is not None and shape is not None:
             vocab_size = self.config.vocab_size
             labels = check_labels("labels", labels, (*shape, vocab_size), vocab_size, "vocab_size", True, reads.checks)
             labelled = labels != IGNORE_INDEX  # (B, L)
-            counted = count_labelled(reads, labelled, {} if sparse else kwargs)  # sparse prediction gathers M rows
+            if not static:  # a static batch counts its labels on the device
+                counted = count_labelled(reads, labelled, {} if sparse else kwargs)  # sparse prediction gathers M rows
         outputs = self.seqbert(
             input_ids,
             attention_mask=attention_mask,
@@ -1389,7 +1489,12 @@ class SeqBertForMaskedLM(SeqBertPreTrainedModel):
         if sparse:
             hidden_states, labels = hidden_states.flatten(0, 1), labels.reshape(-1)  # (B * L, H), (B * L,)
             labelled = labelled.reshape(-1)  # (B * L,)
-            if read_count(reads, counted) is not None:  # M known: the rows gathered without a host read of their own
+            if static:  # a fixed number of rows, max_predictions >= M; the rows beyond M take no loss
+                positions = torch.nonzero_static(labelled, size=max_predictions, fill_value=0).squeeze(1)
+                beyond = torch.arange(max_predictions, device=positions.device) >= labelled.sum()
+                hidden_states = hidden_states.index_select(0, positions)
+                labels = labels.index_select(0, positions).masked_fill(beyond, IGNORE_INDEX)
+            elif read_count(reads, counted) is not None:  # M known: the rows gathered without a host read of their own
                 positions = torch.nonzero_static(labelled, size=read_count(reads, counted)).squeeze(1)  # (M,)
                 hidden_states, labels = hidden_states.index_select(0, positions), labels.index_select(0, positions)
             else:  # traced: M is data-dependent
@@ -1448,11 +1553,12 @@ class SeqBertForSequenceClassification(SeqBertPreTrainedModel):
         """
         reads, counted = DeferredReads(), None  # labels are checked in the encoder's one host read, before it runs
         shape = input_batch_shape(input_ids, inputs_embeds)
+        rows = static_rows(kwargs)  # a static batch: one row of logits a sequence
         if labels is not None and shape is not None:
             labels = check_sequence_classification_labels(
-                labels, (shape[0], self.num_labels), self.config.problem_type, reads.checks
+                labels, (shape[0] if rows is None else rows, self.num_labels), self.config.problem_type, reads.checks
             )
-            if not labels.is_floating_point():  # single-label classification: a cross-entropy over class ids
+            if not labels.is_floating_point() and rows is None:  # single-label: a cross-entropy over class ids
                 counted = count_labelled(reads, labels != IGNORE_INDEX, kwargs)
         outputs = self.seqbert(
             input_ids,
@@ -1464,9 +1570,11 @@ class SeqBertForSequenceClassification(SeqBertPreTrainedModel):
             return_dict=True,
             **kwargs,
         )
-        logits = self.classifier(self.dropout(outputs.pooler_output))  # (B, C)
+        logits = self.classifier(self.dropout(outputs.pooler_output))  # (B, C); a static batch's (S, C)
         loss = None
-        if labels is not None:
+        if labels is not None and rows is not None and labels.is_floating_point():
+            loss = static_float_loss(labels, logits.float(), self.config)  # filler rows: NaN targets
+        elif labels is not None:
             divisor = loss_divisor(  # single-label only
                 labels, kwargs.pop("num_items_in_batch", None), labelled=read_count(reads, counted)
             )
@@ -1510,7 +1618,8 @@ class SeqBertForTokenClassification(SeqBertPreTrainedModel):
             labels = check_labels(
                 "labels", labels, (*shape, self.num_labels), self.num_labels, "num_labels", True, reads.checks
             )
-            counted = count_labelled(reads, labels != IGNORE_INDEX, kwargs)
+            if static_rows(kwargs) is None:  # a static batch's loss counts its labels on the device
+                counted = count_labelled(reads, labels != IGNORE_INDEX, kwargs)
         outputs = self.seqbert(
             input_ids,
             attention_mask=attention_mask,
@@ -1574,8 +1683,9 @@ class SeqBertForQuestionAnswering(SeqBertPreTrainedModel):
         """
         reads = DeferredReads()  # the positions' values are checked in the encoder's one host read, before it runs
         shape = input_batch_shape(input_ids, inputs_embeds)
+        rows = static_rows(kwargs)  # a static batch: start and end logits a sequence
         if shape is not None:
-            check_answer_positions(start_positions, end_positions, shape[0], reads.checks)
+            check_answer_positions(start_positions, end_positions, shape[0] if rows is None else rows, reads.checks)
         outputs = self.seqbert(
             input_ids,
             attention_mask=attention_mask,
@@ -1587,6 +1697,9 @@ class SeqBertForQuestionAnswering(SeqBertPreTrainedModel):
             **kwargs,
         )
         logits = self.qa_outputs(outputs.last_hidden_state)  # (B, L, 2)
+        longest = None
+        if rows is not None:
+            logits, longest = self._per_sequence(logits, kwargs["cu_seq_lens_q"], kwargs["max_length_q"])
         start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))  # 2 x (B, L)
         loss = None
         if start_positions is not None:
@@ -1595,6 +1708,8 @@ class SeqBertForQuestionAnswering(SeqBertPreTrainedModel):
             losses = []
             for side_logits, positions in ((start_logits, start_positions), (end_logits, end_positions)):
                 positions = positions.reshape(-1).long().clamp(0, ignored)
+                if longest is not None:  # beyond the batch's longest sequence, as the padded batch clamps them
+                    positions = positions.masked_fill(positions >= longest, ignored)
                 divisor = loss_divisor(positions, ignore_index=ignored)
                 losses.append(fixed_cross_entropy(side_logits.float(), positions, divisor, ignore_index=ignored))
             loss = (losses[0] + losses[1]) / 2
@@ -1605,6 +1720,28 @@ class SeqBertForQuestionAnswering(SeqBertPreTrainedModel):
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
+
+    def _per_sequence(
+        self, logits: torch.Tensor, cu_seqlens: torch.Tensor, max_length: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """
+        A static batch's (1, T, 2) logits laid out as the tokenizer-padded batch of the same sequences holds them:
+        (S, max_length, 2), sequence s in row s from column 0, then up to the longest sequence the logits of a zero
+        hidden state (what the padded batch's padding gives, its hidden states being zero there), then -inf (columns
+        the padded batch does not have: they take no probability). Fixed-size gathers, no host read.
+
+        Returns:
+            `(logits (S, max_length, 2), longest)`, `longest` the longest sequence's length as a 0-dim device tensor.
+        """
+        flat = logits.reshape(-1, logits.shape[-1])  # (T, 2)
+        lengths = cu_seqlens.diff()  # (S,)
+        column = torch.arange(max_length, device=flat.device)
+        index = (cu_seqlens[:-1, None].long() + column).clamp(max=flat.shape[0] - 1)  # (S, max_length)
+        laid_out = flat.index_select(0, index.reshape(-1)).view(-1, max_length, flat.shape[-1])
+        longest = lengths.max()
+        padding = self.qa_outputs(flat.new_zeros(1, self.config.hidden_size))  # (1, 2)
+        beyond = torch.where((column < longest)[:, None], padding, torch.finfo(flat.dtype).min)  # (max_length, 2)
+        return torch.where((column < lengths[:, None])[..., None], laid_out, beyond), longest
 
 
 class SeqBertForMultipleChoice(SeqBertPreTrainedModel):
@@ -1641,20 +1778,40 @@ class SeqBertForMultipleChoice(SeqBertPreTrainedModel):
                 the other inputs not shaped like them), and for `labels` not integer, not `(B,)`, or outside `[0, num_choices)` (-100
                 takes no loss).
         """
-        check_multiple_choice_inputs(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-        num_choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+        rows = static_rows(kwargs)  # a static batch: the choices of each question are consecutive sequences
+        static_choices = kwargs.pop("num_choices", None)
+        if rows is not None:
+            num_choices, batch_size = static_choices, 0
+            if (
+                isinstance(num_choices, bool)
+                or not isinstance(num_choices, int)
+                or rows % max(num_choices, 1)
+                or num_choices < 1
+            ):
+                raise ValueError(
+                    f"a static batch (static_layout=True) of {rows} sequences needs num_choices, an int >= 1 that "
+                    f"divides it (StaticShapeCollator adds it); got {static_choices!r}"
+                )
+            batch_size = rows // num_choices
 
-        def flat(t: torch.Tensor | None, trailing: int) -> torch.Tensor | None:
-            # (B, num_choices, ...) -> (B * num_choices, ...)
-            return None if t is None else t.reshape(-1, *t.shape[t.dim() - trailing :])
+            def flat(t: torch.Tensor | None, trailing: int) -> torch.Tensor | None:
+                return t  # one packed row already
+        else:
+            check_multiple_choice_inputs(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+            num_choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+            batch_size = (input_ids if input_ids is not None else inputs_embeds).shape[0]
+
+            def flat(t: torch.Tensor | None, trailing: int) -> torch.Tensor | None:
+                # (B, num_choices, ...) -> (B * num_choices, ...)
+                return None if t is None else t.reshape(-1, *t.shape[t.dim() - trailing :])
 
         reads, counted = DeferredReads(), None  # labels are checked in the encoder's one host read, before it runs
         if labels is not None:
-            batch_size = (input_ids if input_ids is not None else inputs_embeds).shape[0]
             labels = check_labels(
                 "labels", labels, (batch_size, num_choices), num_choices, "num_choices", True, reads.checks
             )
-            counted = count_labelled(reads, labels != IGNORE_INDEX, {})
+            if rows is None:  # a static batch counts its labels on the device
+                counted = count_labelled(reads, labels != IGNORE_INDEX, {})
         outputs = self.seqbert(
             flat(input_ids, 1),
             attention_mask=flat(attention_mask, 1),
