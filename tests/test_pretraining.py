@@ -314,16 +314,6 @@ def test_a_new_model_trains_a_vocabulary_sized_for_its_corpus_by_default(tmp_pat
     assert continued[0].tokenizer_vocab_size is None
 
 
-def test_bf16_is_the_default_exactly_where_the_cpu_multiplies_bf16(tmp_path):
-    from seqbert.cpu_inference import bf16_instructions_available
-
-    training_args = run_mlm.parse_and_check(["--output_dir", str(tmp_path)])[2]
-    expected = bf16_instructions_available() and not torch.accelerator.is_available()
-    assert training_args.bf16 is expected and training_args.use_cpu is expected
-    # The same command line turns it off on every CPU (argparse has --no_bf16 only where the default is on).
-    assert run_mlm.parse_and_check(["--output_dir", str(tmp_path), "--bf16", "False"])[2].bf16 is False
-
-
 def _sentiment_probe_accuracy(encoder, tokenizer) -> float:
     """Accuracy of a logistic regression on `encoder`'s frozen features of Rotten Tomatoes snippets (the mean of the
     last hidden states over the tokens: MiniLM's sentence-embedding pooling), trained on the first 500 snippets of

@@ -5,6 +5,7 @@ import collections
 import itertools
 import json
 import math
+import statistics
 from pathlib import Path
 
 import pytest
@@ -330,3 +331,190 @@ def test_continued_pretraining_takes_its_own_recipe_and_explicit_options_win(sou
     assert recipe(*parsed({**checkpoint, "learning_rate": 2e-3}))["learning_rate"] == 2e-3
     scratch = recipe(*parsed({"output_dir": str(tmp_path / "scratch")}))
     assert scratch == {"learning_rate": 2e-3, "mlm_probability": 0.3, "max_steps": 6000, "eval_steps": 1000}
+
+
+# The training precision: timed on this CPU unless --bf16 is given (run_mlm.training_precision). The steps are real
+# (fp32 and bf16 autocast on a real model and batch); only the clock is scripted, so the choice is deterministic.
+
+
+class StepClock:
+    """A clock for `time_training_precisions` under which each step lasts `seconds(bf16, round)`: the model's forward
+    records whether it ran under bf16 autocast (and in train mode), and the step's end reads that record."""
+
+    def __init__(self, model, seconds):
+        self.seconds, self.now, self.reads, self.ran = seconds, 0.0, 0, []
+        self.hook = model.register_forward_pre_hook(self._record)
+
+    def _record(self, module, args):
+        bf16 = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        self.ran.append((bf16, module.training))
+
+    def __call__(self) -> float:
+        self.reads += 1
+        if self.reads % 2 == 0:  # the end of a timed step; the two untimed warm-up steps ran before the first read
+            self.now += self.seconds(self.ran[-1][0], (self.reads // 2 - 1) // 2)
+        return self.now
+
+
+def per_round(fp32: float, bf16: list[float] | float):
+    """`StepClock` seconds: fp32 steps of `fp32` s; bf16 steps of `bf16` s, or of `bf16[round]` s round by round."""
+    return lambda is_bf16, round_index: (bf16[round_index] if isinstance(bf16, list) else bf16) if is_bf16 else fp32
+
+
+def scripted_timing(monkeypatch, seconds) -> list[StepClock]:
+    """Make run_mlm's timing run its real steps under a `StepClock` of `seconds`; returns the clocks it used."""
+    real, clocks = run_mlm.time_training_precisions, []
+
+    def timed(model, batch, **kwargs):
+        clocks.append(StepClock(model, seconds))
+        try:
+            return real(model, batch, clock=clocks[-1], **kwargs)
+        finally:
+            clocks[-1].hook.remove()
+
+    monkeypatch.setattr(run_mlm, "time_training_precisions", timed)
+    return clocks
+
+
+def tiny_batch(tokenizer, rows: int = 4, length: int = 24) -> dict:
+    generator = torch.Generator().manual_seed(0)
+    examples = [
+        {
+            "input_ids": torch.randint(1000, 2000, (length,), generator=generator).tolist(),
+            "special_tokens_mask": [0] * length,
+        }
+        for _ in range(rows)
+    ]
+    return run_mlm.masking_collator(tokenizer, 0.3, seed=0)(examples)
+
+
+def test_time_training_precisions_takes_turns_and_leaves_the_model_as_it_was(tokenizer):
+    from seqbert.training import time_training_precisions
+
+    torch.manual_seed(0)
+    model = seqbert.SeqBertForMaskedLM(run_mlm.scratch_config(tokenizer, config_overrides=TINY_OVERRIDES)).eval()
+    weights = {name: value.clone() for name, value in model.state_dict().items()}
+    batch, rng = tiny_batch(tokenizer), torch.get_rng_state()
+
+    clock = StepClock(model, per_round(1.0, [0.5, 0.8, 0.4, 0.6]))
+    times = time_training_precisions(model, batch, rounds=7, min_rounds=3, budget_seconds=6.0, clock=clock)
+    clock.hook.remove()
+    # Warm-up fp32 and bf16, then rounds whose first step alternates; every step in train mode, bf16 under autocast.
+    order = [bf16 for bf16, _ in clock.ran]
+    assert order == [False, True, False, True, True, False, False, True, True, False]
+    assert all(training for _, training in clock.ran)
+    # Rounds go on past min_rounds until the budget is spent: 1.5 + 1.8 + 1.4 = 4.7 s after 3, 6.3 s after 4.
+    assert times.fp32 == pytest.approx((1.0, 1.0, 1.0, 1.0)) and times.bf16 == pytest.approx((0.5, 0.8, 0.4, 0.6))
+    assert times.ratios == pytest.approx((2.0, 1.25, 2.5, 1 / 0.6)) and times.tokens == batch["input_ids"].numel()
+    # The model as it was: weights, no gradients, eval mode; and the random state dropout draws from.
+    assert all(torch.equal(value, weights[name]) for name, value in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters()) and not model.training
+    assert torch.equal(torch.get_rng_state(), rng)
+
+    next(model.parameters()).grad = torch.zeros_like(next(model.parameters()))
+    with pytest.raises(ValueError, match="already holds gradients"):
+        time_training_precisions(model, batch)
+    with pytest.raises(ValueError, match=r"rounds \(2\) and min_rounds \(3\)"):
+        time_training_precisions(model, batch, rounds=2)
+
+
+@pytest.mark.parametrize(
+    ("ratios", "verdict", "fp32"),
+    [
+        ((1.45, 1.45, 1.45), "bf16 autocast", None),  # the default model, Zen 4 with AVX512_BF16 (docs/fine-tuning.md)
+        ((0.73, 0.73, 0.73), "fp32", None),  # bert-base width, Xeon with AVX512_BF16 and no AMX (issue 58)
+        ((1.05, 1.05, 1.05), "fp32", None),  # faster, but within what a few steps on a shared machine spread
+        ((1.5, 1.5, 1.05), "bf16 autocast", None),  # two rounds of three
+        ((1.2, 1.2, 1.2, 0.95, 0.95, 0.95, 1.2), "fp32 (the rounds disagree", None),  # median 1.2, in 4 rounds of 7
+        ((1.5, 1.5, 1.5), "fp32 (the timing was unsteady", (0.2, 0.2, 0.34)),  # fp32 steps 1.7x apart
+    ],
+)
+def test_bf16_is_the_default_where_steady_rounds_find_it_clearly_faster(ratios, verdict, fp32):
+    from seqbert.training import TrainingStepTimes, bf16_is_faster, choose_training_precision
+
+    fp32 = fp32 or tuple(0.2 for _ in ratios)
+    times = TrainingStepTimes(fp32=fp32, bf16=tuple(f / r for f, r in zip(fp32, ratios, strict=True)), tokens=2048)
+    record = choose_training_precision(times)
+    assert record.bf16 is (verdict == "bf16 autocast") and record.reason.startswith(verdict)
+    assert bf16_is_faster(times) is (sum(r >= 1.1 for r in ratios) >= 2 / 3 * len(ratios))
+    assert (
+        f"timed on this CPU: fp32 {statistics.median(fp32):.3f} s [{min(fp32):.3f}-{max(fp32):.3f}], " in record.reason
+    )
+    assert f"bf16 {statistics.median(ratios):.2f}x fp32 [{min(ratios):.2f}-{max(ratios):.2f}]" in record.reason
+    with pytest.raises(ValueError, match=r"fp32 \(2 rounds\) and bf16 \(1 rounds\)"):
+        TrainingStepTimes(fp32=(1.0, 1.0), bf16=(1.0,), tokens=1)
+
+
+def bible_corpus(mlm_run, tmp_path: Path, verses: int = 200) -> Path:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(load_bible_text(cache_dir=cache_dir_of(mlm_run))["validation"]["text"][:verses]) + "\n")
+    return corpus
+
+
+@pytest.mark.parametrize(("bf16_seconds", "chosen"), [(0.69, True), (1.37, False)])  # bf16 1.45x and 0.73x fp32
+def test_the_run_trains_in_the_precision_its_timed_steps_favour(
+    bf16_seconds, chosen, mlm_run, tmp_path, caplog, monkeypatch
+):
+    clocks = scripted_timing(monkeypatch, per_round(1.0, bf16_seconds))
+    output_dir = tmp_path / "run"
+    run_mlm.main(
+        [
+            "--train_file", str(bible_corpus(mlm_run, tmp_path)), "--validation_split_percentage", "10",
+            "--config_overrides", TINY_OVERRIDES, "--tokenizer_name", str(minilm_checkpoint_path()),
+            "--max_seq_length", str(BLOCK), "--max_steps", "2", "--eval_strategy", "no", "--do_eval", "False",
+            "--output_dir", str(output_dir), "--cache_dir", str(tmp_path / "cache"),
+        ]
+    )  # fmt: skip
+    # Timed once, on the run's model and batch: 3 rounds (1 s steps spend the 3 s budget), each precision run for real.
+    (clock,) = clocks
+    assert [bf16 for bf16, _ in clock.ran] == [False, True, False, True, True, False, False, True]
+    lines = [record.getMessage() for record in caplog.records if record.getMessage().startswith("Training precision: ")]
+    assert len(lines) == 1, lines
+    verdict = "bf16 autocast" if chosen else "fp32"
+    assert lines[0].startswith(f"Training precision: {verdict}, timed on this CPU: fp32 1.000 s [1.000-1.000], ")
+    assert f"bf16 autocast {bf16_seconds:.3f} s" in lines[0] and f"bf16 {1 / bf16_seconds:.2f}x fp32" in lines[0]
+    # What the run trained in: its card, and the record a resumed run reads, without timing again.
+    assert f"| precision | {'bf16 mixed' if chosen else 'fp32'} |" in (output_dir / "README.md").read_text()
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    assert state["stateful_callbacks"]["TrainingPrecisionRecord"]["args"]["bf16"] is chosen
+    args = run_mlm.parse_and_check(["--output_dir", str(tmp_path / "resumed")])[2]
+    resumed = run_mlm.training_precision(args, None, [{}], None, BLOCK, str(output_dir))
+    assert resumed.bf16 is chosen and resumed.reason.startswith(f"as the interrupted run in {output_dir}: {verdict}")
+    assert len(clocks) == 1
+
+
+def test_an_unsteady_timing_keeps_fp32_and_says_so(tokenizer, tmp_path, monkeypatch):
+    """Another process slows some rounds: bf16 steps of 0.06 s in 4 rounds of 7 and 0.13 s in 3 (2.2x apart). The
+    median favours bf16 (1.67x); the rounds are too unsteady to decide, so the run keeps fp32."""
+    clocks = scripted_timing(monkeypatch, per_round(0.1, [0.06, 0.06, 0.06, 0.13, 0.13, 0.13, 0.06]))
+    torch.manual_seed(0)
+    model = seqbert.SeqBertForMaskedLM(run_mlm.scratch_config(tokenizer, config_overrides=TINY_OVERRIDES))
+    examples = [{"input_ids": [101, *range(2000, 2022), 102], "special_tokens_mask": [1, *[0] * 22, 1]}] * 16
+    args = run_mlm.parse_and_check(["--output_dir", str(tmp_path)])[2]
+    record = run_mlm.training_precision(
+        args, model, examples, run_mlm.masking_collator(tokenizer, 0.3, 42), 24, checkpoint=None
+    )
+    assert len(clocks[0].ran) == 2 + 2 * 7  # the fast steps never spend the budget: all 7 rounds
+    assert record.bf16 is False
+    assert record.reason.startswith("fp32 (the timing was unsteady: a precision's rounds spread over more than 1.5x")
+    assert "bf16 1.67x fp32 [0.77-1.67], at least 1.1x in 4 of 7 rounds" in record.reason
+
+
+@pytest.mark.parametrize("flag", ["True", "False"])
+def test_an_explicit_bf16_flag_wins_without_timing(flag, tmp_path, monkeypatch):
+    def not_timed(*args, **kwargs):
+        raise AssertionError("timed although --bf16 was given")
+
+    monkeypatch.setattr(run_mlm, "time_training_precisions", not_timed)
+    defaults = run_mlm.parse_and_check(["--output_dir", str(tmp_path)])[2]
+    assert defaults.bf16 is None and defaults.use_cpu is (not torch.accelerator.is_available())  # None: timed at start
+    # A checkpoint that records the other precision: the flag wins over it too.
+    checkpoint = tmp_path / "checkpoint-2"
+    checkpoint.mkdir()
+    recorded = {"TrainingPrecisionRecord": {"args": {"bf16": flag != "True", "reason": "timed"}, "attributes": {}}}
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"stateful_callbacks": recorded}))
+    args = run_mlm.parse_and_check(["--output_dir", str(tmp_path / "new"), "--bf16", flag])[2]
+    record = run_mlm.training_precision(args, None, [{}], None, BLOCK, str(checkpoint))
+    assert record.bf16 is (flag == "True") and record.reason == f"--bf16 {flag} given"
+    without_flag = run_mlm.training_precision(defaults, None, [{}], None, BLOCK, str(checkpoint))
+    assert without_flag.bf16 is (flag != "True")

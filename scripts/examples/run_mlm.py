@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Masked-language-model pretraining of SeqBERT with the transformers `Trainer`: from scratch or continued. The
-default run (offline: a small pre-LN model on Bible text with its own 8,192-token vocabulary, 6,000 steps) takes about
-11 minutes on 2 CPU cores with bf16 instructions (AVX512_BF16 or AMX), about 15 without.
+default run (offline: a small pre-LN model on Bible text with its own 8,192-token vocabulary, 6,000 steps) took
+10 min 40 s on a 2-core AMD EPYC Zen 4 (AVX512_BF16, no AMX), in bf16; about 15 minutes where it trains in fp32 (the
+precision is timed at start, see `--bf16`).
 
 A much smaller cousin of transformers' `examples/pytorch/language-modeling/run_mlm.py`. With no data or model argument
 it runs fully offline: a WordPiece vocabulary of 8,192 tokens trained on the King James and World English Bible verse
@@ -48,7 +49,7 @@ the picked tokens only.
 
 Continued pretraining (`--model_name_or_path`, domain-adaptive pretraining as in Gururangan et al. 2020, "Don't Stop
 Pretraining") has a recipe of its own: learning rate 5e-5, BERT's 15 % masking, 300 steps (about 1.4 passes over the
-Rotten Tomatoes text; about 3 minutes for MiniLM-L6 on 2 cores with bf16 instructions), evaluation every 100 steps;
+Rotten Tomatoes text; 3 min 14 s for MiniLM-L6 in bf16 on a 2-core Intel Xeon with AMX), evaluation every 100 steps;
 the checkpoint keeps its tokenizer, its dropout and its output bias. Then fine-tune from the output folder:
 
     python scripts/examples/run_mlm.py --model_name_or_path path/to/bert_or_seqbert --offline_corpus rotten_tomatoes \
@@ -59,8 +60,9 @@ Defaults of the recipe (override any of them on the command line; each was measu
 from scratch, a WordPiece vocabulary of 8,192 tokens trained on the training text first (`--tokenizer_vocab_size`;
 kept as is with `--tokenizer_name` or `--model_name_or_path`); 6,000 steps of 16 blocks of 128 tokens (about 12M
 tokens, 6 passes over the Bible text), AdamW with learning rate 2e-3, weight decay 0.01, linear warm-up over the first
-10 % of the steps then linear decay, 30 % masking, no dropout, bf16 autocast where the CPU has bf16 instructions and no
-accelerator is present (`--bf16 False` turns it off), seed 42, evaluation every 1,000 steps (the points of the loss curve)
+10 % of the steps then linear decay, 30 % masking, no dropout, bf16 autocast where a training step timed at start on
+this CPU runs clearly faster in it than in fp32 (the log says which and why; `--bf16 True` or `--bf16 False` decides
+without timing; fp32 on an accelerator), seed 42, evaluation every 1,000 steps (the points of the loss curve)
 and once more for the reported metrics, logging every 10 steps, no checkpoints, `report_to none`. A new model's output
 bias starts at the log unigram frequencies of the training tokens (`--unigram_bias_init`). Only the masked positions
 are scored against the vocabulary (`--sparse_prediction`). The output folder receives the model and tokenizer with
@@ -70,6 +72,7 @@ exp(eval_loss), `eval_accuracy` on the masked tokens, `eval_unigram_perplexity` 
 `seqbert_run.json`): it is ready for `scripts/hub/push_to_hub.py`.
 """
 
+import dataclasses
 import functools
 import itertools
 import logging
@@ -95,7 +98,6 @@ from transformers.trainer_utils import IntervalStrategy
 
 import seqbert
 from seqbert.configuration_seqbert import NORM_PLACEMENTS
-from seqbert.cpu_inference import bf16_instructions_available
 from seqbert.data import (
     group_texts,
     load_bible_text,
@@ -129,7 +131,18 @@ from seqbert.script_utils import (
     setup_logging,
     train_and_save,
 )
-from seqbert.training import DataCollatorForResumableMasking, SeqBertTrainer
+from seqbert.training import (
+    MAX_ROUND_SPREAD,
+    MIN_BF16_SHARE,
+    MIN_BF16_SPEEDUP,
+    DataCollatorForResumableMasking,
+    SeqBertTrainer,
+    TrainingPrecisionRecord,
+    choose_training_precision,
+    recorded_training_precision,
+    time_training_precisions,
+    timing_rows,
+)
 
 
 logger = logging.getLogger(__name__)
@@ -137,8 +150,9 @@ logger = logging.getLogger(__name__)
 # The WordPiece vocabulary a new model trains on its corpus unless told otherwise (`--tokenizer_vocab_size`).
 DEFAULT_VOCAB_SIZE = 8192
 
-# Whether the default run trains in bf16: on a CPU-only machine whose CPU has bf16 instructions.
-CPU_BF16_TRAINING = not torch.accelerator.is_available() and bf16_instructions_available()
+# Whether this machine has an accelerator (a GPU): without one the run trains on the CPU (`--use_cpu`, which
+# transformers requires for bf16 there).
+ACCELERATOR = torch.accelerator.is_available()
 
 # The offline texts of `--offline_corpus`.
 OFFLINE_CORPORA = ("bible", "rotten_tomatoes")
@@ -358,19 +372,23 @@ class MLMTrainingArguments(ScriptTrainingDefaults, TrainingArguments):
             "a checkpoint."
         },
     )
-    # bf16 autocast where the CPU multiplies bf16 in hardware (AVX512_BF16 or AMX) and no accelerator is present; the
-    # same as `--bf16 --use_cpu`. Elsewhere fp32 as before: on other CPUs bf16 is emulated and slower.
-    bf16: bool = field(
-        default=CPU_BF16_TRAINING,
+    # None: chosen when training starts (`training_precision`), by a training step timed in both precisions on this
+    # CPU: CPUs that have bf16 instructions differ in what bf16 autocast gains (a Zen 4 with AVX512_BF16 trained 1.45x
+    # faster in bf16; an Intel Xeon with AVX512_BF16 and no AMX 0.73x as fast), so no CPU flag decides it.
+    bf16: bool | None = field(
+        default=None,
         metadata={
             "help": "bf16 mixed precision (autocast; fp32 master weights, LayerNorm statistics and softmax). Default: "
-            "on where there is no accelerator and the CPU has AVX512_BF16 or AMX (then --bf16 False turns it off), off "
-            "elsewhere (ModernBERT, Warner et al. 2024, and MosaicBERT, Portes et al. 2023, pretrain in bf16)."
+            "on the CPU, timed when training starts: bf16 where a training step of this model on the run's first "
+            f"batch ran at least {MIN_BF16_SPEEDUP}x faster than fp32 in {MIN_BF16_SHARE:.0%} of the rounds and the "
+            f"rounds were steady (within {MAX_ROUND_SPREAD}x of each other), fp32 elsewhere, and the log says which "
+            "and why; fp32 with an accelerator. --bf16 True or --bf16 False decides without timing (ModernBERT, "
+            "Warner et al. 2024, and MosaicBERT, Portes et al. 2023, pretrain in bf16)."
         },
     )
     use_cpu: bool = field(
-        default=CPU_BF16_TRAINING,
-        metadata={"help": "Train on the CPU (default: with bf16 on the CPU, which transformers only allows with it)."},
+        default=not ACCELERATOR,
+        metadata={"help": "Train on the CPU (default: where there is no accelerator; transformers needs it for bf16)."},
     )
 
 
@@ -487,7 +505,7 @@ def train_tokenizer(
     `tokenizer`'s; only the vocabulary is new. Tokens of equal counts are numbered (and, at the vocabulary's edge,
     kept) in an order `tokenizers` takes from a randomly seeded hash, so two trainings on the same texts may differ
     there: a multi-process run trains once, in the main process, and sends the tokenizer to the others
-    (`shared_tokenizer`); a resumed run reads it from its checkpoint.
+    (`from_main_process`); a resumed run reads it from its checkpoint.
 
     Returns:
         The new fast tokenizer: `vocab_size` tokens, or more when the texts' characters alone are more (every
@@ -509,13 +527,60 @@ def train_tokenizer(
     return tokenizer.train_new_from_iterator(batches(), vocab_size=vocab_size, length=len(texts))
 
 
-def shared_tokenizer(train, training_args: TrainingArguments) -> PreTrainedTokenizerBase:
-    """`train()`'s tokenizer, trained by the main process alone and sent to every other process of a distributed run
-    (`accelerate.utils.broadcast_object_list`); in a single process, `train()`."""
+def from_main_process(compute, training_args: TrainingArguments):
+    """`compute()`, run by the main process alone and sent to every other process of a distributed run
+    (`accelerate.utils.broadcast_object_list`); in a single process, `compute()`. Used for what every process must
+    agree on: the trained tokenizer, the measured precision."""
     if training_args.world_size == 1:
-        return train()
-    trained = [train() if training_args.process_index == 0 else None]
-    return broadcast_object_list(trained, from_process=0)[0]
+        return compute()
+    computed = [compute() if training_args.process_index == 0 else None]
+    return broadcast_object_list(computed, from_process=0)[0]
+
+
+def training_precision(
+    training_args: TrainingArguments,
+    model: torch.nn.Module,
+    train_dataset: datasets.Dataset | None,
+    collator: DataCollatorForResumableMasking,
+    block_size: int,
+    checkpoint: str | None,
+) -> TrainingPrecisionRecord:
+    """
+    Whether the run trains under bf16 autocast, and why, in this order:
+
+    - `--bf16` given (`training_args.bf16` not None): as given, without timing;
+    - no training (`do_train` False) or training on an accelerator: fp32, as before (the timing is for CPUs);
+    - resuming a checkpoint that records its run's precision (`seqbert.training.TrainingPrecisionRecord`): that one,
+      so the resumed run computes what the uninterrupted one did;
+    - else timed on this CPU (`seqbert.training.time_training_precisions`): a training step of `model` on the run's
+      first batch (its first `timing_rows` examples, collated by a copy of `collator`'s masking), fp32 and bf16
+      autocast taking turns; bf16 where its step is at least `MIN_BF16_SPEEDUP` times faster in `MIN_BF16_SHARE` of
+      the rounds and neither precision's rounds spread over more than `MAX_ROUND_SPREAD` times (another process on
+      the CPU), fp32 otherwise (`seqbert.training.choose_training_precision`). A distributed run times on its main
+      process and every process takes that answer. A few seconds: about 1 s for the default model on 2 cores, 5 s
+      for MiniLM-L6 on one.
+    """
+    if training_args.bf16 is not None:
+        return TrainingPrecisionRecord(training_args.bf16, f"--bf16 {training_args.bf16} given")
+    if not training_args.do_train or train_dataset is None:
+        return TrainingPrecisionRecord(False, "fp32: no training, so nothing was timed")
+    if training_args.device.type != "cpu":
+        return TrainingPrecisionRecord(
+            False, f"fp32 on {training_args.device.type}: only CPU training is timed (--bf16 True turns bf16 on)"
+        )
+    recorded = recorded_training_precision(checkpoint)
+    if recorded is not None:
+        return TrainingPrecisionRecord(recorded.bf16, f"as the interrupted run in {checkpoint}: {recorded.reason}")
+
+    def measure():
+        rows = timing_rows(model, training_args.per_device_train_batch_size, block_size)
+        masking = masking_collator(
+            collator.tokenizer, collator.mlm_probability, training_args.seed, padding_free=collator.padding_free
+        )
+        batch = masking([train_dataset[i] for i in range(min(rows, len(train_dataset)))])
+        return time_training_precisions(model, batch)
+
+    return choose_training_precision(from_main_process(measure, training_args))
 
 
 def masking_collator(
@@ -842,7 +907,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         if start.checkpoint is not None:  # the vocabulary the interrupted run trained, saved with its checkpoint
             tokenizer = load_tokenizer("resume_from_checkpoint", start.checkpoint, model_args.cache_dir)
         elif "train" in raw:
-            tokenizer = shared_tokenizer(
+            tokenizer = from_main_process(
                 lambda: train_tokenizer(
                     tokenizer, raw["train"], data_args.text_column, model_args.tokenizer_vocab_size
                 ),
@@ -890,17 +955,23 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     with training_args.main_process_first(desc="loading the metric"):
         accuracy = evaluate.load(ACCURACY_PATH, cache_dir=model_args.cache_dir)
 
+    collator = masking_collator(
+        tokenizer, data_args.mlm_probability, training_args.seed, padding_free=data_args.padding_free
+    )
+    precision = training_precision(training_args, model, train_dataset, collator, block_size, start.checkpoint)
+    logger.warning(f"Training precision: {precision.reason}")
+    training_args = dataclasses.replace(training_args, bf16=precision.bf16)
+
     trainer = SeqBertTrainer(
         model=model,
         args=training_args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
-        data_collator=masking_collator(
-            tokenizer, data_args.mlm_probability, training_args.seed, padding_free=data_args.padding_free
-        ),
+        data_collator=collator,
         compute_metrics=functools.partial(masked_token_accuracy, accuracy),
         preprocess_logits_for_metrics=preprocess_logits_for_metrics,
+        callbacks=[precision],
     )
     check_fsdp(trainer)
 
