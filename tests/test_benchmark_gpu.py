@@ -104,7 +104,8 @@ def test_driver_version_is_read_from_nvidia_smi(tmp_path, monkeypatch):
 
 
 # The run on the CPU, as on the GPU machines: `datasets` cannot be imported, the data files and the tokenizer are
-# copies in folders of their own. A tiny model; no torch.compile (minutes on 2 cores).
+# copies in folders of their own. A tiny model; torch.compile only with the `aot_eager` backend (inductor's code
+# generation takes minutes on 2 cores, and its CUDA graphs need a GPU).
 CPU_RUN = """
 import sys
 sys.modules["datasets"] = None
@@ -115,11 +116,11 @@ import benchmark_gpu
 benchmark_gpu.PROFILED_FORWARDS = 1  # bf16 on this CPU is slow
 args = benchmark_gpu.GpuBenchmarkArguments(
     output_dir=sys.argv[2], repeats=1, num_snippets=32, num_documents=2, dtypes=["fp32", "bf16"],
-    attention_dropout=[0.0], sections=["peak", "inference", "profile", "training"], data_dir=sys.argv[3],
+    attention_dropout=[0.0], sections=["peak", "inference", "profile", "training", "graphs"], data_dir=sys.argv[3],
     tokenizer_dir=sys.argv[4],
 )
 tiny = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
-benchmark_gpu.run(args, torch.device("cpu"), sizes=tiny, matmul_size=64)
+benchmark_gpu.run(args, torch.device("cpu"), sizes=tiny, matmul_size=64, graph_backend="aot_eager")
 print("command-line helpers from", benchmark_gpu.ScriptInputError.__module__)
 """
 
@@ -141,7 +142,8 @@ def test_the_whole_run_goes_through_on_the_cpu_without_datasets(tmp_path, minilm
     results = json.loads((output / "benchmark_gpu.json").read_text())
     assert (output / "benchmark_gpu.png").read_bytes().startswith(b"\x89PNG")
     rows = results["rows"]
-    assert [row["section"] for row in rows] == ["peak"] + ["inference"] * 4 + ["profile"] + ["training"] * 2
+    sections = ["peak"] + ["inference"] * 4 + ["profile"] + ["training"] * 2 + ["graphs"] * 2
+    assert [row["section"] for row in rows] == sections
     for row in rows:
         assert "error" not in row, row
         assert row["gpu"] == "none (cpu run)" and row["torch_version"] == torch.__version__
@@ -149,7 +151,8 @@ def test_the_whole_run_goes_through_on_the_cpu_without_datasets(tmp_path, minilm
         if "ratio" in row:
             assert math.isfinite(row["ratio"]) and row["ratio"] > 0
             assert row["real_tokens"] < row["padded_tokens"]
-            for label in ("seqbert", "bert"):
+            labels = benchmark_gpu.GRAPH_CONTENDERS if row["section"] == "graphs" else ("seqbert", "bert")
+            for label in labels:
                 low, high = row[label]["real_tokens_per_second_spread"]
                 assert low <= row[label]["real_tokens_per_second"] <= high
 
@@ -171,3 +174,15 @@ def test_the_whole_run_goes_through_on_the_cpu_without_datasets(tmp_path, minilm
     token = training["token classification"]
     assert token["inputs"]["seqbert"].startswith("packed row")
     assert token["real_tokens_per_contender"]["seqbert"] == token["real_tokens_per_contender"]["bert"]
+
+    graphs = [row for row in rows if row["section"] == "graphs"]
+    assert [(row["train"], row["batch_size"]) for row in graphs] == [(True, 32), (False, 32)]
+    for row in graphs:
+        assert math.isfinite(row["ratio"]) and math.isfinite(row["ratio_to_bert_best"])
+        assert row["seqbert route"]["distinct_shapes"] == len(row["static_shapes"]) == 1
+        assert row["bert best"]["distinct_shapes"] == 1 and row["bert eager"]["distinct_shapes"] == 1
+        assert row["static_shapes"][0][1] >= row["real_tokens"]  # one packed row, rounded up
+        for label in benchmark_gpu.GRAPH_CONTENDERS:
+            assert row[label]["recordings"] == row[label]["recordings_after"] or label == "bert eager"
+            assert row[label]["recordings"] == 0  # CUDA graphs need a GPU: none on the CPU
+            assert row[label]["compile_and_capture_seconds"] > 0

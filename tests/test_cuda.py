@@ -2,8 +2,9 @@
 precision, and eager), finite fully padded rows, the variable-length kernel and sdpa's kernels against the math
 kernel, packed rows, one host sync per forward, attention dropout inside the kernel (its statistics, the mask backward
 sees, p = 0 against `varlen_attn`, determinism, gradient checkpointing), no more host syncs than BERT in a `Trainer`
-step, gradients and a training step under bf16 autocast, torch.compile with static-cache generation, the main job on
-the GPU and `torchrun` over every GPU present. The weights are seeded
+step, gradients and a training step under bf16 autocast, torch.compile with static-cache generation, the CUDA-graph
+route (`StaticShapeCollator` batches under `torch.compile(mode="reduce-overhead")`: inference and a training step
+recorded once per shape, no host sync), the main job on the GPU and `torchrun` over every GPU present. The weights are seeded
 bert-base-width BERT checkpoints (4 layers), the inputs real Rotten Tomatoes snippets.
 
 Half-precision tolerances are not fixed numbers: SeqBERT may differ from BERT by at most twice what BERT's own eager
@@ -343,6 +344,82 @@ def test_compiled_encoder_and_static_cache_generation(bert_folder, batch):
     compiled_causal.forward = torch.compile(compiled_causal.forward)
     static = compiled_causal.generate(**prompts, max_new_tokens=8, do_sample=False, cache_implementation="static")
     assert torch.equal(static, dynamic)
+
+
+def _static_batches(model, tokenizer, rt_texts, count: int = 3) -> list[dict]:
+    """`count` static batches of 32 real snippets with labels, on the GPU, from `seqbert.StaticShapeCollator`."""
+    collator = seqbert.StaticShapeCollator(tokenizer, model, max_length=128, batch_size=32)
+    batches = []
+    for start in range(0, 32 * count, 32):
+        features = [{**tokenizer(text), "label": i % 2} for i, text in enumerate(rt_texts[start : start + 32])]
+        batches.append({k: v.cuda() if torch.is_tensor(v) else v for k, v in collator(features).items()})
+    return batches
+
+
+def _recorded_and_skipped(run) -> tuple[int, int]:
+    """The CUDA graphs `torch.compile` recorded and skipped while `run()` ran."""
+    from benchmark_gpu import CudaGraphRecordings
+
+    torch._dynamo.utils.counters.clear()
+    with CudaGraphRecordings() as recordings:
+        run()
+    return recordings.count, torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
+
+
+def test_the_static_route_captures_inference_in_cuda_graphs(bert_folder, tokenizer, rt_texts):
+    """`torch.compile(mode="reduce-overhead", fullgraph=True)` on the collator's batches: one CUDA graph recorded per
+    shape and none skipped, replays without host syncs, and outputs those of the eager model on the same batches."""
+    _needs_the_flash_kernel()
+    torch._dynamo.reset()
+    model = seqbert.SeqBertModel.from_bert_pretrained(bert_folder, dtype=torch.bfloat16).cuda().eval()
+    batches = _static_batches(model.config, tokenizer, rt_texts)
+    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+
+    def run():
+        with torch.no_grad():
+            return [compiled(**batch).last_hidden_state.clone() for batch in batches]
+
+    recorded, skipped = _recorded_and_skipped(lambda: (run(), run()))  # warm-up, then record
+    shapes = {tuple(batch["input_ids"].shape) for batch in batches}
+    assert skipped == 0 and recorded == len(shapes), (recorded, skipped, shapes)
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            outputs = run()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert not [w for w in caught if SYNC_WARNING in str(w.message)]
+    with torch.no_grad():
+        for batch, output in zip(batches, outputs, strict=True):
+            expected = model(**batch).last_hidden_state
+            assert (output.float() - expected.float()).abs().max().item() <= 5e-2
+
+
+def test_the_static_route_captures_training_in_cuda_graphs(bert_folder, tokenizer, rt_texts):
+    """A bf16-autocast training step (BERT's dropout 0.1 in the kernel) compiled with `mode="reduce-overhead"`:
+    forward and backward recorded once per shape, none skipped, and the loss of each replayed step finite and within
+    bf16 reach of the eager model's on the same weights without dropout."""
+    _needs_the_flash_kernel()
+    torch._dynamo.reset()
+    model = seqbert.SeqBertForSequenceClassification.from_bert_pretrained(bert_folder).cuda().train()
+    batches = _static_batches(model, tokenizer, rt_texts)
+    compiled = torch.compile(model, mode="reduce-overhead")
+    losses = []
+
+    def run():
+        for batch in batches:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = compiled(**batch).loss
+            loss.backward()
+            losses.append(loss.detach().clone())
+            model.zero_grad()
+
+    recorded, skipped = _recorded_and_skipped(lambda: (run(), run(), run()))
+    shapes = {tuple(batch["input_ids"].shape) for batch in batches}
+    assert skipped == 0 and recorded == 2 * len(shapes), (recorded, skipped, shapes)  # forward and backward
+    assert all(torch.isfinite(loss) for loss in losses)
 
 
 def test_the_main_job_runs_on_the_gpu(bert_folder, tmp_path):

@@ -93,8 +93,21 @@ def two_processes(tmp_path_factory) -> Path:
         }
         for task, model, average in LOSS_RUNS
     ]
-    _launch(2, [*_equivalence_runs(output_dir), *loss_runs], tmp_path)
+    _launch(2, [*_equivalence_runs(output_dir), *loss_runs, _static_shapes_run(output_dir)], tmp_path)
     return output_dir
+
+
+def _static_shapes_run(output_dir: Path) -> dict:
+    """The classification equivalence run through the CUDA-graph route: `StaticShapeCollator` and the two compile
+    flags users set, with `aot_eager` as the backend (dynamo and AOTAutograd trace forward and backward as for the
+    GPU; inductor would only add minutes of CPU code generation, and its CUDA graphs need a GPU)."""
+    run = _equivalence_runs(output_dir)[0]
+    compile_flags = {
+        "torch_compile": True,
+        "torch_compile_mode": "reduce-overhead",
+        "torch_compile_backend": "aot_eager",
+    }
+    return {**run, "name": "classification-static", "static_shapes": True, "training_args": compile_flags}
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +140,22 @@ def test_two_processes_end_with_the_weights_of_one(one_and_two_processes, task, 
     # ... and both ranks hold the same weights, equal to the single process's.
     assert _max_delta(rank0, rank1) == 0.0
     assert _max_delta(single, rank0) <= TOLERANCE
+
+
+def test_the_cuda_graph_route_under_ddp_gives_the_same_losses(two_processes):
+    """Two gloo processes, `Trainer` with `StaticShapeCollator` and `torch_compile=True,
+    torch_compile_mode="reduce-overhead"` (DDP wrapped, then compiled, as accelerate does it): the losses it logs and
+    the weights it ends with are those of the plain run (padded batches, eager), step by step."""
+    plain, static = (two_processes / name for name in ("classification-gc0", "classification-static"))
+    wrapping = json.loads((static / "rank0.json").read_text())
+    assert wrapping["distributed_type"] == "DistributedType.MULTI_CPU", wrapping
+    assert wrapping["wrapped_class"] == "OptimizedModule", wrapping
+    losses = [
+        [entry["loss"] for entry in json.loads((run / "rank0.json").read_text())["log_history"] if "loss" in entry]
+        for run in (plain, static)
+    ]
+    assert len(losses[0]) == 4 and losses[1] == pytest.approx(losses[0], abs=TOLERANCE)
+    assert _max_delta(load_file(plain / "rank0.safetensors"), load_file(static / "rank0.safetensors")) <= TOLERANCE
 
 
 def test_fsdp2_over_two_processes_ends_with_the_weights_of_one(one_and_two_processes):

