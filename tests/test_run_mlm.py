@@ -338,11 +338,12 @@ def test_continued_pretraining_takes_its_own_recipe_and_explicit_options_win(sou
 
 
 class StepClock:
-    """A clock for `time_training_precisions` under which each step lasts `seconds(bf16, round)`: the model's forward
-    records whether it ran under bf16 autocast (and in train mode), and the step's end reads that record."""
+    """A clock for `time_training_precisions` under which each timed step lasts `seconds(bf16, round)` and each of the
+    two warm-up steps `warmup`: the model's forward records whether it ran under bf16 autocast (and in train mode), and
+    the step's end reads that record."""
 
-    def __init__(self, model, seconds):
-        self.seconds, self.now, self.reads, self.ran = seconds, 0.0, 0, []
+    def __init__(self, model, seconds, warmup: float = 0.0):
+        self.seconds, self.warmup, self.now, self.reads, self.ran = seconds, warmup, 0.0, 0, []
         self.hook = model.register_forward_pre_hook(self._record)
 
     def _record(self, module, args):
@@ -351,22 +352,28 @@ class StepClock:
 
     def __call__(self) -> float:
         self.reads += 1
-        if self.reads % 2 == 0:  # the end of a timed step; the two untimed warm-up steps ran before the first read
-            self.now += self.seconds(self.ran[-1][0], (self.reads // 2 - 1) // 2)
+        if self.reads % 2 == 0:  # the end of a step: the first two are the warm-ups, then rounds of two
+            ended = self.reads // 2
+            self.now += self.warmup if ended <= 2 else self.seconds(self.ran[-1][0], (ended - 3) // 2)
         return self.now
 
 
-def per_round(fp32: float, bf16: list[float] | float):
-    """`StepClock` seconds: fp32 steps of `fp32` s; bf16 steps of `bf16` s, or of `bf16[round]` s round by round."""
-    return lambda is_bf16, round_index: (bf16[round_index] if isinstance(bf16, list) else bf16) if is_bf16 else fp32
+def per_round(fp32: list[float] | float, bf16: list[float] | float):
+    """`StepClock` seconds: fp32 steps of `fp32` s, bf16 steps of `bf16` s; a list gives each round's."""
+
+    def seconds(is_bf16: bool, round_index: int) -> float:
+        chosen = bf16 if is_bf16 else fp32
+        return chosen[round_index] if isinstance(chosen, list) else chosen
+
+    return seconds
 
 
-def scripted_timing(monkeypatch, seconds) -> list[StepClock]:
+def scripted_timing(monkeypatch, seconds, warmup: float = 0.0) -> list[StepClock]:
     """Make run_mlm's timing run its real steps under a `StepClock` of `seconds`; returns the clocks it used."""
     real, clocks = run_mlm.time_training_precisions, []
 
     def timed(model, batch, **kwargs):
-        clocks.append(StepClock(model, seconds))
+        clocks.append(StepClock(model, seconds, warmup))
         try:
             return real(model, batch, clock=clocks[-1], **kwargs)
         finally:
@@ -426,7 +433,8 @@ def test_time_training_precisions_takes_turns_and_leaves_the_model_as_it_was(tok
         ((1.05, 1.05, 1.05), "fp32", None),  # faster, but within what a few steps on a shared machine spread
         ((1.5, 1.5, 1.05), "bf16 autocast", None),  # two rounds of three
         ((1.2, 1.2, 1.2, 0.95, 0.95, 0.95, 1.2), "fp32 (the rounds disagree", None),  # median 1.2, in 4 rounds of 7
-        ((1.5, 1.5, 1.5), "fp32 (the timing was unsteady", (0.2, 0.2, 0.34)),  # fp32 steps 1.7x apart
+        ((1.5, 1.5, 1.5), "fp32 (the timing was unsteady", (0.2, 0.34, 0.34)),  # most rounds 1.7x the fastest
+        ((1.5, 1.5, 1.5), "bf16 autocast", (0.2, 0.2, 0.34)),  # one disturbed round of three
     ],
 )
 def test_bf16_is_the_default_where_steady_rounds_find_it_clearly_faster(ratios, verdict, fp32):
@@ -484,9 +492,10 @@ def test_the_run_trains_in_the_precision_its_timed_steps_favour(
 
 
 def test_an_unsteady_timing_keeps_fp32_and_says_so(tokenizer, tmp_path, monkeypatch):
-    """Another process slows some rounds: bf16 steps of 0.06 s in 4 rounds of 7 and 0.13 s in 3 (2.2x apart). The
-    median favours bf16 (1.67x); the rounds are too unsteady to decide, so the run keeps fp32."""
-    clocks = scripted_timing(monkeypatch, per_round(0.1, [0.06, 0.06, 0.06, 0.13, 0.13, 0.13, 0.06]))
+    """Another process holds the CPU through most rounds: 5 of 7 run 3x slower than the fastest, in both precisions.
+    Every round has bf16 1.67x faster, yet the timing is too unsteady to decide, so the run keeps fp32."""
+    slow = [1, 3, 3, 3, 1, 3, 3]
+    clocks = scripted_timing(monkeypatch, per_round([0.1 * f for f in slow], [0.06 * f for f in slow]))
     torch.manual_seed(0)
     model = seqbert.SeqBertForMaskedLM(run_mlm.scratch_config(tokenizer, config_overrides=TINY_OVERRIDES))
     examples = [{"input_ids": [101, *range(2000, 2022), 102], "special_tokens_mask": [1, *[0] * 22, 1]}] * 16
@@ -496,8 +505,25 @@ def test_an_unsteady_timing_keeps_fp32_and_says_so(tokenizer, tmp_path, monkeypa
     )
     assert len(clocks[0].ran) == 2 + 2 * 7  # the fast steps never spend the budget: all 7 rounds
     assert record.bf16 is False
-    assert record.reason.startswith("fp32 (the timing was unsteady: a precision's rounds spread over more than 1.5x")
-    assert "bf16 1.67x fp32 [0.77-1.67], at least 1.1x in 4 of 7 rounds" in record.reason
+    assert record.reason.startswith("fp32 (the timing was unsteady: most rounds of a precision ran over 1.5x slower")
+    assert "fp32 0.300 s [0.100-0.300], bf16 autocast 0.180 s [0.060-0.180]" in record.reason
+    assert "bf16 1.67x fp32 [1.67-1.67], at least 1.1x in 7 of 7 rounds" in record.reason
+
+
+def test_a_timing_that_runs_past_its_limit_keeps_fp32(tokenizer, tmp_path, monkeypatch):
+    """Steps many times slower than alone (another process holding the CPU): the warm-ups take 4 s each and a round
+    2 s, so the timing stops at its 10 s limit after one round, however much faster bf16 read there."""
+    clocks = scripted_timing(monkeypatch, per_round(1.5, 0.5), warmup=4.0)
+    torch.manual_seed(0)
+    model = seqbert.SeqBertForMaskedLM(run_mlm.scratch_config(tokenizer, config_overrides=TINY_OVERRIDES))
+    examples = [{"input_ids": [101, *range(2000, 2022), 102], "special_tokens_mask": [1, *[0] * 22, 1]}] * 16
+    args = run_mlm.parse_and_check(["--output_dir", str(tmp_path)])[2]
+    record = run_mlm.training_precision(
+        args, model, examples, run_mlm.masking_collator(tokenizer, 0.3, 42), 24, checkpoint=None
+    )
+    assert len(clocks[0].ran) == 2 + 2 and record.bf16 is False
+    assert record.reason.startswith("fp32 (the timing stopped at its time limit after 1 of 3 rounds")
+    assert "bf16 3.00x fp32" in record.reason
 
 
 @pytest.mark.parametrize("flag", ["True", "False"])

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Masked-language-model pretraining of SeqBERT with the transformers `Trainer`: from scratch or continued. The
 default run (offline: a small pre-LN model on Bible text with its own 8,192-token vocabulary, 6,000 steps) took
-10 min 40 s on a 2-core AMD EPYC Zen 4 (AVX512_BF16, no AMX), in bf16; about 15 minutes where it trains in fp32 (the
-precision is timed at start, see `--bf16`).
+10 min 40 s on a 2-core AMD EPYC Zen 4 (AVX512_BF16, no AMX), in bf16; about 15 minutes at fp32's step rate there
+(estimated from 1,000 steps; the precision is timed at start, see `--bf16`).
 
 A much smaller cousin of transformers' `examples/pytorch/language-modeling/run_mlm.py`. With no data or model argument
 it runs fully offline: a WordPiece vocabulary of 8,192 tokens trained on the King James and World English Bible verse
@@ -380,9 +380,9 @@ class MLMTrainingArguments(ScriptTrainingDefaults, TrainingArguments):
         metadata={
             "help": "bf16 mixed precision (autocast; fp32 master weights, LayerNorm statistics and softmax). Default: "
             "on the CPU, timed when training starts: bf16 where a training step of this model on the run's first "
-            f"batch ran at least {MIN_BF16_SPEEDUP}x faster than fp32 in {MIN_BF16_SHARE:.0%} of the rounds and the "
-            f"rounds were steady (within {MAX_ROUND_SPREAD}x of each other), fp32 elsewhere, and the log says which "
-            "and why; fp32 with an accelerator. --bf16 True or --bf16 False decides without timing (ModernBERT, "
+            f"batch ran at least {MIN_BF16_SPEEDUP}x faster than fp32 in {MIN_BF16_SHARE:.0%} of the rounds and most "
+            f"rounds were undisturbed (within {MAX_ROUND_SPREAD}x of the fastest), fp32 elsewhere, and the log says "
+            "which and why; fp32 with an accelerator. --bf16 True or --bf16 False decides without timing (ModernBERT, "
             "Warner et al. 2024, and MosaicBERT, Portes et al. 2023, pretrain in bf16)."
         },
     )
@@ -555,10 +555,10 @@ def training_precision(
     - else timed on this CPU (`seqbert.training.time_training_precisions`): a training step of `model` on the run's
       first batch (its first `timing_rows` examples, collated by a copy of `collator`'s masking), fp32 and bf16
       autocast taking turns; bf16 where its step is at least `MIN_BF16_SPEEDUP` times faster in `MIN_BF16_SHARE` of
-      the rounds and neither precision's rounds spread over more than `MAX_ROUND_SPREAD` times (another process on
-      the CPU), fp32 otherwise (`seqbert.training.choose_training_precision`). A distributed run times on its main
-      process and every process takes that answer. A few seconds: about 1 s for the default model on 2 cores, 5 s
-      for MiniLM-L6 on one.
+      the rounds and each precision's median round is within `MAX_ROUND_SPREAD` times its fastest (not so when
+      another process holds the CPU), fp32 otherwise, and fp32 where the timing reached its 10 s limit before 3
+      rounds (`seqbert.training.choose_training_precision`). A distributed run times on its main process and every
+      process takes that answer. MiniLM-L6 on one core beside other jobs took 4.7 s to time.
     """
     if training_args.bf16 is not None:
         return TrainingPrecisionRecord(training_args.bf16, f"--bf16 {training_args.bf16} given")

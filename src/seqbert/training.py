@@ -280,13 +280,16 @@ class SeqBertSeq2SeqTrainer(AtomicCheckpointsMixin, Seq2SeqTrainer):
 # run's own model and batch ran at least MIN_BF16_SPEEDUP times faster than fp32 in at least MIN_BF16_SHARE of the
 # rounds (each round times both, so a ratio within a round is taken while the machine runs at one speed). bf16 changes
 # the numbers (the default pretraining run reached the same quality both ways), so a tie, or a gain within the spread
-# of a few steps on a shared machine, keeps fp32, the reference; so do rounds that disagree, and a timing whose rounds
-# of one precision spread over more than MAX_ROUND_SPREAD (slowest over fastest): another process shares the CPU, and
-# a few steps cannot tell the precisions apart then (on 2 cores beside a test run, the same timing read bf16 at 0.45x
-# to 2.24x fp32 within a minute).
+# of a few steps on a shared machine, keeps fp32, the reference; so do rounds that disagree, and a timing whose median
+# round of one precision ran more than MAX_ROUND_SPREAD times slower than its fastest: then another process held the
+# CPU through most rounds, and a few steps cannot tell the precisions apart (on 2 cores beside test runs, with steps 2
+# to 10 times slower than alone, the same timing read bf16 at 0.45x to 2.24x fp32 within a minute). A minority of
+# disturbed rounds is tolerated: the paired ratios of the others still decide.
 MIN_BF16_SPEEDUP = 1.1
 MIN_BF16_SHARE = 2 / 3
 MAX_ROUND_SPREAD = 1.5
+# Fewer rounds than this (the timing stopped at its time limit: steps many times slower than alone) decide nothing.
+MIN_TIMED_ROUNDS = 3
 # Where a step of the whole batch would pass this many FLOPs (6 x parameters x tokens, forward and backward; an
 # overestimate, as the embeddings count in full), the precisions are timed on its first rows only: a step then takes
 # about 0.1 to 0.4 s on one or two cores, and the ten steps of the timing a few seconds.
@@ -325,8 +328,9 @@ class TrainingStepTimes:
 
     @property
     def steady(self) -> bool:
-        """Whether each precision's slowest round is within `MAX_ROUND_SPREAD` times its fastest."""
-        return all(max(rounds) <= MAX_ROUND_SPREAD * min(rounds) for rounds in (self.fp32, self.bf16))
+        """Whether each precision's median round is within `MAX_ROUND_SPREAD` times its fastest: most rounds ran at
+        the speed the machine gives undisturbed."""
+        return all(_median(rounds) <= MAX_ROUND_SPREAD * min(rounds) for rounds in (self.fp32, self.bf16))
 
     @property
     def speedup(self) -> float:
@@ -362,12 +366,20 @@ def timing_rows(model: torch.nn.Module, rows: int, tokens_per_row: int) -> int:
 
 
 def time_training_precisions(
-    model: torch.nn.Module, batch: dict, rounds: int = 7, min_rounds: int = 3, budget_seconds: float = 3.0, clock=None
+    model: torch.nn.Module,
+    batch: dict,
+    rounds: int = 7,
+    min_rounds: int = MIN_TIMED_ROUNDS,
+    budget_seconds: float = 3.0,
+    max_seconds: float = 10.0,
+    clock=None,
 ) -> TrainingStepTimes:
     """
     Time a training step of `model` on `batch` in fp32 and under bf16 autocast on the CPU, the two taking turns (the
     first of a round alternates), after one untimed step of each (the first bf16 call creates oneDNN's primitives).
-    Rounds stop after `rounds`, or after `min_rounds` once `budget_seconds` of timed steps have passed.
+    Rounds stop after `rounds`, after `min_rounds` once `budget_seconds` of timed steps have passed, or after any
+    round once every step so far, the untimed ones included, took `max_seconds` (a machine busy with other work:
+    `choose_training_precision` keeps fp32 on fewer than `MIN_TIMED_ROUNDS` rounds).
 
     The steps run in train mode (dropout as training has it). The model is left as it was: its weights are not
     updated, its gradients are cleared (they must be None before), its train/eval mode is restored, and so is the CPU
@@ -392,27 +404,26 @@ def time_training_precisions(
         raise ValueError("model already holds gradients: time_training_precisions would overwrite them")
     clock = clock or time.perf_counter
 
-    def step(bf16: bool) -> None:
+    def step(bf16: bool) -> float:
+        start = clock()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss = model(**batch).loss
         loss.backward()
         for p in parameters:
             p.grad = None
+        return clock() - start
 
     times = {False: [], True: []}
     was_training = model.training
     model.train()
     with torch.random.fork_rng(devices=[]):
-        step(False)
-        step(True)
-        spent = 0.0
+        total = step(False) + step(True)
+        timed = 0.0
         for index in range(rounds):
             for bf16 in (False, True) if index % 2 == 0 else (True, False):
-                start = clock()
-                step(bf16)
-                times[bf16].append(clock() - start)
-                spent += times[bf16][-1]
-            if index + 1 >= min_rounds and spent >= budget_seconds:
+                times[bf16].append(step(bf16))
+                timed += times[bf16][-1]
+            if (index + 1 >= min_rounds and timed >= budget_seconds) or total + timed >= max_seconds:
                 break
     model.train(was_training)
     return TrainingStepTimes(fp32=tuple(times[False]), bf16=tuple(times[True]), tokens=batch["input_ids"].numel())
@@ -427,15 +438,21 @@ def bf16_is_faster(
 
 
 def choose_training_precision(times: TrainingStepTimes) -> "TrainingPrecisionRecord":
-    """bf16 autocast where `times` are steady (`TrainingStepTimes.steady`) and favour it (`bf16_is_faster`), else
-    fp32; the record's reason gives the verdict, the times and the rule."""
-    bf16 = times.steady and bf16_is_faster(times)
+    """bf16 autocast where `times` hold at least `MIN_TIMED_ROUNDS` rounds, are steady (`TrainingStepTimes.steady`)
+    and favour it (`bf16_is_faster`), else fp32; the record's reason gives the verdict, the times and the rule."""
+    complete = len(times.fp32) >= MIN_TIMED_ROUNDS
+    bf16 = complete and times.steady and bf16_is_faster(times)
     if bf16:
         verdict = "bf16 autocast"
+    elif not complete:
+        verdict = (
+            f"fp32 (the timing stopped at its time limit after {len(times.fp32)} of {MIN_TIMED_ROUNDS} rounds, as when "
+            "another process holds the CPU; --bf16 True trains in bf16 anyway)"
+        )
     elif not times.steady:
         verdict = (
-            f"fp32 (the timing was unsteady: a precision's rounds spread over more than {MAX_ROUND_SPREAD}x, as when "
-            "another process uses the CPU; --bf16 True trains in bf16 anyway)"
+            f"fp32 (the timing was unsteady: most rounds of a precision ran over {MAX_ROUND_SPREAD}x slower than its "
+            "fastest, as when another process uses the CPU; --bf16 True trains in bf16 anyway)"
         )
     elif times.speedup >= MIN_BF16_SPEEDUP:
         verdict = "fp32 (the rounds disagree, as when another process uses the CPU; --bf16 True trains in bf16 anyway)"
