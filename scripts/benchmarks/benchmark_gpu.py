@@ -361,9 +361,7 @@ def synchronize(device: torch.device) -> None:
 def to_device(batch: dict, device: torch.device, drop: tuple[str, ...] = ()) -> dict:
     """The tensors of `batch` moved to `device` (other values, a static batch's ints and flag, as they are)."""
     return {
-        name: value.to(device) if torch.is_tensor(value) else value
-        for name, value in batch.items()
-        if name not in drop
+        name: value.to(device) if torch.is_tensor(value) else value for name, value in batch.items() if name not in drop
     }
 
 
