@@ -512,6 +512,11 @@ def test_the_forward_refuses_an_incomplete_static_batch(tokenizer, features):
     labels = batch["input_ids"].masked_fill(batch["position_ids"] != 1, -100)
     with pytest.raises(ValueError, match="needs max_predictions"):
         mlm(**batch, labels=labels)
+    choice = _pair(seqbert.SeqBertForMultipleChoice, _config())
+    with pytest.raises(ValueError, match="needs num_choices, an int >= 1"):
+        choice(**batch)
+    with pytest.raises(ValueError, match=r"num_choices \(7\) must divide the static batch's"):
+        choice(**batch, num_choices=7)
 
 
 def test_buckets_hold_their_fill(tokenizer):

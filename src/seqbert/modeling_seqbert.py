@@ -1550,6 +1550,9 @@ class SeqBertForSequenceClassification(SeqBertPreTrainedModel):
                 ids not integer, shaped other than `(B,)`, or outside `[0, num_labels)` (-100 takes no loss);
                 regression targets not `(B,)` (`num_labels == 1`) or `(B, C)`; multi-label targets not `(B, C)` or
                 outside [0, 1]. Integer regression and multi-label targets are converted to float.
+
+        A static batch (`static_layout=True`, `StaticShapeCollator`) has one row of `logits` per sequence slot, (S, C),
+        and `labels` (S,) or (S, C): -100 (class ids) or NaN (float targets) on filler slots, which take no loss.
         """
         reads, counted = DeferredReads(), None  # labels are checked in the encoder's one host read, before it runs
         shape = input_batch_shape(input_ids, inputs_embeds)
@@ -1677,6 +1680,10 @@ class SeqBertForQuestionAnswering(SeqBertPreTrainedModel):
         cross-entropies (float32) as `loss` when both positions are given; a side whose positions all lie beyond L
         contributes 0.0 (BERT: NaN), see `loss_divisor`.
 
+        A static batch (`static_layout=True`, `StaticShapeCollator`): `start_logits` and `end_logits` are
+        (S, max_length_q), one row per sequence slot laid out as the tokenizer-padded batch of the same sequences holds
+        them (`_per_sequence`), positions (S,) per slot; filler slots' positions lie beyond every sequence (ignored).
+
         Raises:
             TypeError, ValueError: as `SeqBertModel.forward`; only one of `start_positions` / `end_positions`;
                 positions not integer, not `(B,)`, or negative.
@@ -1776,34 +1783,29 @@ class SeqBertForMultipleChoice(SeqBertPreTrainedModel):
         Raises:
             TypeError, ValueError: as `SeqBertModel.forward` (inputs not 3-D (4-D embeddings), a dimension of 0,
                 the other inputs not shaped like them), and for `labels` not integer, not `(B,)`, or outside `[0, num_choices)` (-100
-                takes no loss).
+                takes no loss); a static batch without an int `num_choices` that divides its sequences.
+
+        A static batch (`static_layout=True`, `StaticShapeCollator`) is one packed row whose sequence slots hold each
+        question's `num_choices` choices one after the other (filler questions last, labels -100).
         """
         rows = static_rows(kwargs)  # a static batch: the choices of each question are consecutive sequences
         static_choices = kwargs.pop("num_choices", None)
-        if rows is not None:
-            num_choices, batch_size = static_choices, 0
-            if (
-                isinstance(num_choices, bool)
-                or not isinstance(num_choices, int)
-                or rows % max(num_choices, 1)
-                or num_choices < 1
-            ):
-                raise ValueError(
-                    f"a static batch (static_layout=True) of {rows} sequences needs num_choices, an int >= 1 that "
-                    f"divides it (StaticShapeCollator adds it); got {static_choices!r}"
-                )
-            batch_size = rows // num_choices
-
-            def flat(t: torch.Tensor | None, trailing: int) -> torch.Tensor | None:
-                return t  # one packed row already
-        else:
+        if rows is None:
             check_multiple_choice_inputs(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-            num_choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
-            batch_size = (input_ids if input_ids is not None else inputs_embeds).shape[0]
+            batch_size, num_choices = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+        elif isinstance(static_choices, int) and not isinstance(static_choices, bool) and static_choices >= 1:
+            if rows % static_choices:
+                raise ValueError(f"num_choices ({static_choices}) must divide the static batch's {rows} sequences")
+            batch_size, num_choices = rows // static_choices, static_choices
+        else:
+            raise ValueError(
+                f"a static batch (static_layout=True) needs num_choices, an int >= 1 (StaticShapeCollator adds it); "
+                f"got {static_choices!r}"
+            )
 
-            def flat(t: torch.Tensor | None, trailing: int) -> torch.Tensor | None:
-                # (B, num_choices, ...) -> (B * num_choices, ...)
-                return None if t is None else t.reshape(-1, *t.shape[t.dim() - trailing :])
+        def flat(t: torch.Tensor | None, trailing: int) -> torch.Tensor | None:
+            # (B, num_choices, ...) -> (B * num_choices, ...); a static batch is one packed row already
+            return t if t is None or rows is not None else t.reshape(-1, *t.shape[t.dim() - trailing :])
 
         reads, counted = DeferredReads(), None  # labels are checked in the encoder's one host read, before it runs
         if labels is not None:
