@@ -58,7 +58,7 @@ def _grads(model) -> dict[str, torch.Tensor]:
     return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
-def _run(model, batch: dict, output_key: str):
+def _run(model, batch: dict):
     model.zero_grad()
     output = model(**batch)
     output.loss.backward()
@@ -71,7 +71,7 @@ def _check_grads(static: dict, plain: dict) -> None:
     assert worst <= TOLERANCE, worst
 
 
-def _snippet_features(tokenizer, rt_texts, **extra) -> list[dict]:
+def _snippet_features(tokenizer, rt_texts) -> list[dict]:
     return [dict(tokenizer(text, truncation=True, max_length=64)) for text in rt_texts[:SNIPPETS]]
 
 
@@ -108,8 +108,8 @@ def test_sequence_classification(tokenizer, features, problem, attn_implementati
     static = collator(examples)
     assert static["static_layout"] is True and static["labels"].shape[0] == static["cu_seq_lens_q"].numel() - 1
     plain = DataCollatorWithPadding(tokenizer)(examples)
-    static_output, static_grads = _run(model, static, "logits")
-    plain_output, plain_grads = _run(model, plain, "logits")
+    static_output, static_grads = _run(model, static)
+    plain_output, plain_grads = _run(model, plain)
     assert static_output.logits.shape == (static["cu_seq_lens_q"].numel() - 1, num_labels)
     torch.testing.assert_close(static_output.logits[:SNIPPETS], plain_output.logits, atol=TOLERANCE, rtol=0)
     torch.testing.assert_close(static_output.loss, plain_output.loss, atol=TOLERANCE, rtol=0)
@@ -127,8 +127,8 @@ def test_token_classification(tokenizer, features, norm_placement):
     model = _pair(seqbert.SeqBertForTokenClassification, _config(num_labels=5, norm_placement=norm_placement))
     static = StaticShapeCollator(tokenizer, model, max_length=64)(examples)
     plain = DataCollatorForTokenClassification(tokenizer)(examples)
-    static_output, static_grads = _run(model, static, "logits")
-    plain_output, plain_grads = _run(model, plain, "logits")
+    static_output, static_grads = _run(model, static)
+    plain_output, plain_grads = _run(model, plain)
     real = sum(len(f["input_ids"]) for f in features)
     torch.testing.assert_close(
         static_output.logits[0, :real], plain_output.logits.reshape(-1, 5)[_real_rows(plain)], atol=TOLERANCE, rtol=0
@@ -155,8 +155,8 @@ def test_masked_lm(tokenizer, features, sparse_prediction):
     plain = DataCollatorForTokenClassification(tokenizer)(examples)  # pads labels with -100, as masked LM's collator
     labelled = int((plain["labels"] != -100).sum())
     assert static["max_predictions"] >= labelled
-    static_output, static_grads = _run(model, static, "logits")
-    plain_output, plain_grads = _run(model, plain, "logits")
+    static_output, static_grads = _run(model, static)
+    plain_output, plain_grads = _run(model, plain)
     if sparse_prediction:
         assert static_output.logits.shape == (static["max_predictions"], 30522)
         torch.testing.assert_close(static_output.logits[:labelled], plain_output.logits, atol=TOLERANCE, rtol=0)
@@ -185,8 +185,8 @@ def test_question_answering(tokenizer, features):
     model = _pair(seqbert.SeqBertForQuestionAnswering, _config(num_labels=2))
     static = StaticShapeCollator(tokenizer, model, max_length=64)(examples)
     plain = DataCollatorWithPadding(tokenizer)(examples)
-    static_output, static_grads = _run(model, static, "start_logits")
-    plain_output, plain_grads = _run(model, plain, "start_logits")
+    static_output, static_grads = _run(model, static)
+    plain_output, plain_grads = _run(model, plain)
     for side in ("start_logits", "end_logits"):
         torch.testing.assert_close(
             getattr(static_output, side)[:SNIPPETS, :longest], getattr(plain_output, side), atol=TOLERANCE, rtol=0
@@ -209,8 +209,8 @@ def test_multiple_choice(tokenizer, features):
     static = StaticShapeCollator(tokenizer, model, max_length=64)(examples)
     assert static["num_choices"] == 2 and (static["cu_seq_lens_q"].numel() - 1) % 2 == 0
     plain = DataCollatorForMultipleChoice(tokenizer)(examples)
-    static_output, static_grads = _run(model, static, "logits")
-    plain_output, plain_grads = _run(model, plain, "logits")
+    static_output, static_grads = _run(model, static)
+    plain_output, plain_grads = _run(model, plain)
     torch.testing.assert_close(static_output.logits[: SNIPPETS // 2], plain_output.logits, atol=TOLERANCE, rtol=0)
     torch.testing.assert_close(static_output.loss, plain_output.loss, atol=TOLERANCE, rtol=0)
     _check_grads(static_grads, plain_grads)
