@@ -960,7 +960,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     )
     precision = training_precision(training_args, model, train_dataset, collator, block_size, start.checkpoint)
     logger.warning(f"Training precision: {precision.reason}")
-    training_args = dataclasses.replace(training_args, bf16=precision.bf16)
+    if training_args.bf16 is None:  # decided here: the arguments are built again with it
+        training_args = dataclasses.replace(training_args, bf16=precision.bf16)
 
     trainer = SeqBertTrainer(
         model=model,

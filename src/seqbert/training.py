@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import shutil
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -330,12 +331,12 @@ class TrainingStepTimes:
     def steady(self) -> bool:
         """Whether each precision's median round is within `MAX_ROUND_SPREAD` times its fastest: most rounds ran at
         the speed the machine gives undisturbed."""
-        return all(_median(rounds) <= MAX_ROUND_SPREAD * min(rounds) for rounds in (self.fp32, self.bf16))
+        return all(statistics.median(rounds) <= MAX_ROUND_SPREAD * min(rounds) for rounds in (self.fp32, self.bf16))
 
     @property
     def speedup(self) -> float:
         """The median of the rounds' `ratios`."""
-        return _median(self.ratios)
+        return statistics.median(self.ratios)
 
     def summary(self) -> str:
         """Both precisions' median step with its fastest and slowest round, and the rounds' ratios, in one line."""
@@ -348,14 +349,8 @@ class TrainingStepTimes:
         )
 
 
-def _median(values) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
 def _seconds(values) -> str:
-    return f"{_median(values):.3f} s [{min(values):.3f}-{max(values):.3f}]"
+    return f"{statistics.median(values):.3f} s [{min(values):.3f}-{max(values):.3f}]"
 
 
 def timing_rows(model: torch.nn.Module, rows: int, tokens_per_row: int) -> int:
@@ -416,16 +411,18 @@ def time_training_precisions(
     times = {False: [], True: []}
     was_training = model.training
     model.train()
-    with torch.random.fork_rng(devices=[]):
-        total = step(False) + step(True)
-        timed = 0.0
-        for index in range(rounds):
-            for bf16 in (False, True) if index % 2 == 0 else (True, False):
-                times[bf16].append(step(bf16))
-                timed += times[bf16][-1]
-            if (index + 1 >= min_rounds and timed >= budget_seconds) or total + timed >= max_seconds:
-                break
-    model.train(was_training)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            total = step(False) + step(True)
+            timed = 0.0
+            for index in range(rounds):
+                for bf16 in (False, True) if index % 2 == 0 else (True, False):
+                    times[bf16].append(step(bf16))
+                    timed += times[bf16][-1]
+                if (index + 1 >= min_rounds and timed >= budget_seconds) or total + timed >= max_seconds:
+                    break
+    finally:
+        model.train(was_training)
     return TrainingStepTimes(fp32=tuple(times[False]), bf16=tuple(times[True]), tokens=batch["input_ids"].numel())
 
 
@@ -460,8 +457,8 @@ def choose_training_precision(times: TrainingStepTimes) -> "TrainingPrecisionRec
         verdict = "fp32"
     return TrainingPrecisionRecord(
         bf16,
-        f"{verdict}, timed on this CPU: {times.summary()}. The default is bf16 where it is at least {MIN_BF16_SPEEDUP}x "
-        f"faster in {MIN_BF16_SHARE:.0%} of steady rounds; --bf16 True or False decides without timing",
+        f"{verdict}, timed on this CPU: {times.summary()}. The default is bf16 where a steady timing finds it at least "
+        f"{MIN_BF16_SPEEDUP}x faster in {MIN_BF16_SHARE:.0%} of the rounds; --bf16 True or False decides without timing",
     )
 
 
