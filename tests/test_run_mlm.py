@@ -491,18 +491,21 @@ def test_the_run_trains_in_the_precision_its_timed_steps_favour(
     assert len(clocks) == 1
 
 
+def timed_precision(tokenizer, tmp_path: Path):
+    """`run_mlm.training_precision` of a run with the default arguments, timed on a tiny model and 16 examples."""
+    torch.manual_seed(0)
+    model = seqbert.SeqBertForMaskedLM(run_mlm.scratch_config(tokenizer, config_overrides=TINY_OVERRIDES))
+    examples = [{"input_ids": [101, *range(2000, 2022), 102], "special_tokens_mask": [1, *[0] * 22, 1]}] * 16
+    args = run_mlm.parse_and_check(["--output_dir", str(tmp_path)])[2]
+    return run_mlm.training_precision(args, model, examples, run_mlm.masking_collator(tokenizer, 0.3, 42), 24, None)
+
+
 def test_an_unsteady_timing_keeps_fp32_and_says_so(tokenizer, tmp_path, monkeypatch):
     """Another process holds the CPU through most rounds: 5 of 7 run 3x slower than the fastest, in both precisions.
     Every round has bf16 1.67x faster, yet the timing is too unsteady to decide, so the run keeps fp32."""
     slow = [1, 3, 3, 3, 1, 3, 3]
     clocks = scripted_timing(monkeypatch, per_round([0.1 * f for f in slow], [0.06 * f for f in slow]))
-    torch.manual_seed(0)
-    model = seqbert.SeqBertForMaskedLM(run_mlm.scratch_config(tokenizer, config_overrides=TINY_OVERRIDES))
-    examples = [{"input_ids": [101, *range(2000, 2022), 102], "special_tokens_mask": [1, *[0] * 22, 1]}] * 16
-    args = run_mlm.parse_and_check(["--output_dir", str(tmp_path)])[2]
-    record = run_mlm.training_precision(
-        args, model, examples, run_mlm.masking_collator(tokenizer, 0.3, 42), 24, checkpoint=None
-    )
+    record = timed_precision(tokenizer, tmp_path)
     assert len(clocks[0].ran) == 2 + 2 * 7  # the fast steps never spend the budget: all 7 rounds
     assert record.bf16 is False
     assert record.reason.startswith("fp32 (the timing was unsteady: most rounds of a precision ran over 1.5x slower")
@@ -514,13 +517,7 @@ def test_a_timing_that_runs_past_its_limit_keeps_fp32(tokenizer, tmp_path, monke
     """Steps many times slower than alone (another process holding the CPU): the warm-ups take 4 s each and a round
     2 s, so the timing stops at its 10 s limit after one round, however much faster bf16 read there."""
     clocks = scripted_timing(monkeypatch, per_round(1.5, 0.5), warmup=4.0)
-    torch.manual_seed(0)
-    model = seqbert.SeqBertForMaskedLM(run_mlm.scratch_config(tokenizer, config_overrides=TINY_OVERRIDES))
-    examples = [{"input_ids": [101, *range(2000, 2022), 102], "special_tokens_mask": [1, *[0] * 22, 1]}] * 16
-    args = run_mlm.parse_and_check(["--output_dir", str(tmp_path)])[2]
-    record = run_mlm.training_precision(
-        args, model, examples, run_mlm.masking_collator(tokenizer, 0.3, 42), 24, checkpoint=None
-    )
+    record = timed_precision(tokenizer, tmp_path)
     assert len(clocks[0].ran) == 2 + 2 and record.bf16 is False
     assert record.reason.startswith("fp32 (the timing stopped at its time limit after 1 of 3 rounds")
     assert "bf16 3.00x fp32" in record.reason
