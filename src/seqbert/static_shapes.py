@@ -2,9 +2,9 @@
 run without reading the host, in a few fixed shapes, so that `torch.compile(mode="reduce-overhead")` captures them in
 CUDA graphs, one per shape.
 
-**Why.** On a GPU, a SeqBERT step at fine-tuning sizes waits on the host: measured on one H100 (2026-11-28), a bf16
-forward at batch 32 kept the GPU busy 0.98 ms of its 5.78 ms, and a training step took about 40 ms for well under 1 ms
-of arithmetic. The way out is MLPerf BERT's (NVIDIA's MLPerf training implementation: packed sequences at fixed tensor
+**Why.** On a GPU, a SeqBERT step at fine-tuning sizes waits on the host: as issue 57 reported it from one H100
+(2026-11-28), a bf16 forward at batch 32 kept the GPU busy 0.98 ms of its 5.78 ms, and a training step took about 40 ms
+for well under 1 ms of arithmetic. The way out is MLPerf BERT's (NVIDIA's MLPerf training implementation: packed sequences at fixed tensor
 sizes, `cu_seqlens` padded with empty sequences, the attention's `max_s` fixed, labels of padding ignored, the whole
 iteration captured in CUDA graphs, one per shape bucket). A CUDA graph replays fixed kernels on fixed buffers, so the
 step may neither read the device from the host (a sync) nor change shape with the data: everything the forward read
