@@ -11,12 +11,23 @@ import torch
 from transformers import BertForSequenceClassification
 
 import seqbert
-from seqbert import cpu_inference
-from seqbert.cpu_inference import PackedLinear, bf16_linear_available, onednn_available, quantize_per_tensor_uint8
+from seqbert.cpu_inference import (
+    INT8_CALL_FORMS,
+    CpuInferencePlan,
+    PackedLinear,
+    bf16_linear_available,
+    capabilities,
+    int8_products_saturate,
+    int8_weight_levels,
+    onednn_x86_operators_available,
+    quantize_per_tensor_uint8,
+)
 from seqbert.script_utils import ScriptInputError  # noqa: E402
 
 
-needs_onednn = pytest.mark.skipif(not onednn_available(), reason="needs torch's oneDNN operators on an x86 AVX2 CPU")
+needs_onednn = pytest.mark.skipif(
+    not onednn_x86_operators_available(), reason="needs torch's oneDNN operators on an x86 AVX2 CPU"
+)
 
 
 @pytest.fixture(scope="module")
@@ -54,31 +65,54 @@ def test_uint8_quantization_round_trips_within_half_a_step(real_activations):
     assert quantize_per_tensor_uint8(seen["down"])[1] == pytest.approx((high - low) / 253)
 
 
+def _exact_product(linear: torch.nn.Linear, x: torch.Tensor, levels: int) -> torch.Tensor:
+    """The product of the int8 linear's quantized operands, in float64: weights rounded with one scale per output
+    feature (absmax / levels), the input to uint8 as `quantize_per_tensor_uint8` gives it, plus the bias."""
+    weight = linear.weight.detach().double()
+    weight_scale = weight.abs().amax(1, keepdim=True) / levels
+    weight_q = torch.round(weight / weight_scale).clamp(-levels, levels)
+    q, scale, zero_point = quantize_per_tensor_uint8(x)
+    return ((q.double() - zero_point) * scale) @ (weight_q * weight_scale).T + linear.bias.double()
+
+
+def _call_forms(real_activations) -> dict[str, tuple]:
+    """Each int8 call form seqbert uses on MiniLM's first layer, on real inputs: (linear, input, PackedLinear's
+    keyword arguments, residual or None, the exact post-op on the exact product)."""
+    model, seen = real_activations
+    mlp = model.encoder.layers[0].mlp
+    return {
+        "plain": (mlp.up_proj, seen["up"], {}, None, lambda y: y),
+        "gelu": (mlp.up_proj, seen["up"], {"activation": "gelu"}, None, torch.nn.functional.gelu),
+        "gelu_tanh": (
+            mlp.up_proj, seen["up"], {"activation": "gelu_pytorch_tanh"}, None,
+            lambda y: torch.nn.functional.gelu(y, approximate="tanh"),
+        ),
+        "relu": (mlp.up_proj, seen["up"], {"activation": "relu"}, None, torch.relu),
+        # the feed-forward's second product adds the residual, the feed-forward's input
+        "add": (mlp.down_proj, seen["down"], {"residual": True}, seen["up"], lambda y: y),
+    }  # fmt: skip
+
+
 @pytest.mark.cpu_semantics
 @needs_onednn
 def test_int8_linear_is_the_dequantized_product(real_activations):
-    """The int8 linear computes exactly the product of its dequantized operands, on every x86 CPU: with 8-bit weights
-    where int8 products are exact (VNNI), with 7-bit ones where they saturate (no VNNI, or oneDNN held to AVX2, as
-    the capped run of this file in tests/test_cpu_semantics.py does)."""
-    model, seen = real_activations
-    mlp = model.encoder.layers[0].mlp
-    levels = cpu_inference.int8_weight_levels()
-    for linear, x in ((mlp.up_proj, seen["up"]), (mlp.down_proj, seen["down"])):
-        packed = PackedLinear([linear], int8=True)
-        assert packed.weight_levels == levels
-        got = packed(x)
-        # The reference, in float64: weights rounded with one scale per output feature (absmax / levels), the input
-        # to uint8 as quantize_per_tensor_uint8 gives it, then the product of the dequantized operands.
-        weight = linear.weight.detach().double()
-        weight_scale = weight.abs().amax(1, keepdim=True) / levels
-        weight_q = torch.round(weight / weight_scale).clamp(-levels, levels)
-        q, scale, zero_point = quantize_per_tensor_uint8(x)
-        expected = ((q.double() - zero_point) * scale) @ (weight_q * weight_scale).T + linear.bias.double()
-        assert (got.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
+    """Every int8 call form seqbert uses (plain, each fused activation, the residual add of
+    `onednn.qlinear_pointwise.binary`) computes exactly the product of its dequantized operands, on every x86 CPU:
+    with 8-bit weights where the form's int8 products are exact (VNNI), with 7-bit ones where they saturate (no VNNI,
+    or oneDNN held to AVX2, as the capped run of this file in tests/test_cpu_semantics.py does)."""
+    forms = _call_forms(real_activations)
+    assert set(forms) == set(INT8_CALL_FORMS)
+    for form, (linear, x, options, residual, post_op) in forms.items():
+        packed = PackedLinear([linear], int8=True, **options)
+        levels = int8_weight_levels(form)
+        assert packed.call_form == form and packed.weight_levels == levels
+        got = packed(x) if residual is None else packed(x, residual=residual)
+        product = _exact_product(linear, x, levels)
+        expected = post_op(product) if residual is None else product + residual.double()
+        assert (got.double() - expected).abs().max() <= 1e-5 * expected.abs().max(), form
         # and int8 stays near fp32: within a few percent of the output's range
-        assert (got - linear(x)).abs().max() <= 0.05 * linear(x).abs().max()
-        gelu = PackedLinear([linear], int8=True, activation="gelu")(x)  # the fused post-op: exact GELU of the same
-        assert (gelu.double() - torch.nn.functional.gelu(expected)).abs().max() <= 1e-5 * expected.abs().max()
+        fp32 = post_op(linear(x)) if residual is None else linear(x) + residual
+        assert (got - fp32).abs().max() <= 0.05 * fp32.abs().max(), form
 
 
 def _cpu_flags() -> set[str]:
@@ -93,28 +127,50 @@ def _cpu_flags() -> set[str]:
 @needs_onednn
 @pytest.mark.skipif(not os.path.exists("/proc/cpuinfo"), reason="reads the CPU flags from Linux's /proc/cpuinfo")
 def test_saturation_probe_follows_the_instructions_onednn_may_use(real_activations):
-    """`int8_products_saturate` says True exactly where oneDNN has no VNNI to use: the CPU lacks AVX512_VNNI and
-    AVX-VNNI, or oneDNN is held below them (`ONEDNN_MAX_CPU_ISA=AVX2` or `AVX512_CORE`). Where it says True, 8-bit
-    weights really do give wrong products on real activations and weights (the probe is not vacuous), and the 7-bit
-    weights the CPU gets are exact."""
+    """`int8_products_saturate` says True, in every call form, exactly where oneDNN has no VNNI to use: the CPU lacks
+    AVX512_VNNI and AVX-VNNI, or oneDNN is held below them (`ONEDNN_MAX_CPU_ISA=AVX2` or `AVX512_CORE`). Where it
+    says True, 8-bit weights really do give wrong products on real activations and weights (the probe is not
+    vacuous: in the plain and residual-add forms; the activations' post-ops hide them here, as the 160 saturated
+    products of these snippets, held to AVX2, all lie at pre-activations of -5.4 to -3.9, where GELU and ReLU give
+    about 0), and the 7-bit weights the CPU gets are exact in every form."""
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
     has_vnni = bool({"avx512_vnni", "avx_vnni"} & _cpu_flags())
-    assert cpu_inference.int8_products_saturate() == (not has_vnni or cap in ("AVX2", "AVX512_CORE"))
-    if not cpu_inference.int8_products_saturate():
+    expected = not has_vnni or cap in ("AVX2", "AVX512_CORE")
+    assert {form: int8_products_saturate(form) for form in INT8_CALL_FORMS} == dict.fromkeys(INT8_CALL_FORMS, expected)
+    assert int8_products_saturate() == expected
+    if not expected:
         return
     model, seen = real_activations
-    linear, x = model.encoder.layers[0].mlp.up_proj, seen["up"]  # LayerNorm outputs: large at both ends
-    weight = linear.weight.detach().double()
-    q, scale, zero_point = quantize_per_tensor_uint8(x)
-    errors = {}
-    for levels in (127, 63):
-        weight_scale = weight.abs().amax(1, keepdim=True) / levels
-        expected = ((q.double() - zero_point) * scale) @ (
-            torch.round(weight / weight_scale).clamp(-levels, levels) * weight_scale
-        ).T + linear.bias.double()
-        got = PackedLinear([linear], int8=True, weight_levels=levels)(x).double()
-        errors[levels] = ((got - expected).abs().max() / expected.abs().max()).item()
-    assert errors[127] > 1e-3 and errors[63] <= 1e-5, errors
+    # Each form on the feed-forward's first product, whose inputs (LayerNorm outputs) are large at both ends; the add
+    # form takes the GELU outputs, of its output's shape (T, 1536), as the residual.
+    linear, x = model.encoder.layers[0].mlp.up_proj, seen["up"]
+    for form, (_, _, options, _, post_op) in _call_forms(real_activations).items():
+        residual = seen["down"] if form == "add" else None
+        errors = {}
+        for levels in (127, 63):
+            product = _exact_product(linear, x, levels)
+            want = post_op(product) if residual is None else product + residual.double()
+            packed = PackedLinear([linear], int8=True, weight_levels=levels, **options)
+            got = (packed(x) if residual is None else packed(x, residual=residual)).double()
+            errors[levels] = ((got - want).abs().max() / want.abs().max()).item()
+        assert errors[63] <= 1e-5, (form, errors)
+        if form in ("plain", "add"):
+            assert errors[127] > 1e-3, (form, errors)
+
+
+@needs_onednn
+def test_a_call_form_that_saturates_alone_falls_back_to_7_bit_weights_alone(minilm_path, monkeypatch):
+    """If one int8 call form's products saturate where the others' do not (here the residual add, as a CPU might
+    take another kernel for that post-op), the weights of that form, and only those, are quantized to 7 bits: the
+    attention's output projection and the feed-forward's second product, which add the residual."""
+    monkeypatch.setattr(capabilities, "int8_products_saturate", lambda form=None: form in (None, "add"))
+    assert int8_weight_levels() == int8_weight_levels("add") == 63 and int8_weight_levels("plain") == 127
+    model = seqbert.SeqBertModel.from_bert_pretrained(minilm_path)
+    plan = CpuInferencePlan(dict.fromkeys(("qkv", "out_proj", "up_proj", "down_proj"), "onednn"))
+    packed = seqbert.optimize_for_cpu_inference(model, int8=True, plan=plan).encoder.layers[0]._packed
+    assert {role: (linear.call_form, linear.weight_levels) for role, linear in packed.items()} == {
+        "qkv": ("plain", 127), "out_proj": ("add", 63), "up_proj": ("gelu", 127), "down_proj": ("add", 63)
+    }  # fmt: skip
 
 
 def test_evaluate_int8_reports_the_trainers_accuracy_for_fp32(classification_run, tmp_path):

@@ -29,6 +29,7 @@ import torch
 
 import seqbert
 from seqbert import cpu_inference
+from seqbert.cpu_inference import linear_kernels
 from seqbert.data import minilm_checkpoint_path, rotten_tomatoes_path
 from seqbert.script_utils import ScriptInputError, parse_arguments, run_cli, script_parser, write_json
 
@@ -56,8 +57,11 @@ def paired_weights(levels: int):
     |w| + |w'| <= 128, taking the larger cut from the larger weight."""
     original = cpu_inference.PackedLinear.__init__
 
-    def init(self, linears, int8=False, dtype=torch.float32, kernel="onednn", activation=None, weight_levels=None):
-        original(self, linears, int8, dtype, kernel, activation, weight_levels)
+    def init(
+        self, linears, int8=False, dtype=torch.float32, kernel="onednn", activation=None, weight_levels=None,
+        residual=False,
+    ):  # fmt: skip
+        original(self, linears, int8, dtype, kernel, activation, weight_levels, residual)
         if not int8:
             return
         weight = torch.cat([linear.weight.detach() for linear in linears]).double()
@@ -78,7 +82,7 @@ def main(argv: list[str] | None = None) -> dict:
     import pandas as pd
     from transformers import AutoTokenizer
 
-    if not cpu_inference.onednn_available():
+    if not cpu_inference.onednn_x86_operators_available():
         raise ScriptInputError("int8 needs torch's oneDNN operators on an x86 CPU, and this CPU or torch has none")
     path = minilm_checkpoint_path()
     frame = pd.read_csv(rotten_tomatoes_path())
@@ -103,9 +107,13 @@ def main(argv: list[str] | None = None) -> dict:
         "variants": {},
     }
     for name, variant in variants.items():
-        patches = [mock.patch.object(cpu_inference, "int8_weight_levels", lambda v=variant: v["weight_levels"])]
+        # PackedLinear looks both up in `linear_kernels` (every call form gets the variant's weight levels)
+        levels = mock.patch.object(
+            linear_kernels, "int8_weight_levels", lambda form=None, v=variant: v["weight_levels"]
+        )
+        patches = [levels]
         if "quantize" in variant:
-            patches.append(mock.patch.object(cpu_inference, "quantize_per_tensor_uint8", variant["quantize"]))
+            patches.append(mock.patch.object(linear_kernels, "quantize_per_tensor_uint8", variant["quantize"]))
         if "init" in variant:
             patches.append(mock.patch.object(cpu_inference.PackedLinear, "__init__", variant["init"]))
         with contextlib.ExitStack() as stack, torch.inference_mode():

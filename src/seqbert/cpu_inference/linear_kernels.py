@@ -1,0 +1,183 @@
+"""Packed linear kernels for CPU inference: one or more `nn.Linear`s laid out once for a kernel (oneDNN's blocked
+layout, MKL's packed sgemm, the weight transposed for `addmm`, or as stored), in fp32, bf16 or int8, with the
+activation or residual add that follows them; and the dynamic uint8 quantization of the int8 kernel's inputs."""
+
+import math
+
+import torch
+from torch import nn
+from transformers.activations import ACT2FN
+
+from .capabilities import INT8_CALL_FORMS, int8_weight_levels
+
+
+# hidden_act -> oneDNN's (post-op, algorithm) for the fused bias + activation of the feed-forward's first linear.
+ONEDNN_ACTIVATIONS = {
+    "gelu": ("gelu", "none"),  # exact (erf) GELU, BERT's
+    "gelu_python": ("gelu", "none"),
+    "gelu_new": ("gelu", "tanh"),
+    "gelu_pytorch_tanh": ("gelu", "tanh"),
+    "relu": ("relu", ""),
+}
+
+# Linear implementations, in order of preference:
+LINEAR_KERNELS = {
+    "onednn": "oneDNN's linear on a weight reordered into its blocked layout, bias and activation or residual fused "
+    "(`mkldnn._linear_pointwise`; int8: `onednn.qlinear_pointwise`), what inductor lowers frozen linear layers to",
+    "mkl": "MKL's packed sgemm (`mkl._mkl_linear` on a `mkl._mkl_reorder_linear_weight` copy), inductor's fp32 "
+    "linear where MKL is present; activation and residual added after",
+    "addmm": "`torch.addmm` on the weight stored transposed, (in, out) contiguous; torch's generic operator",
+    "linear": "`torch.nn.functional.linear`, as the eager model runs it; torch's generic operator",
+}
+
+
+class PackedLinear:
+    """
+    One or more `nn.Linear`s that read the same input, laid out once for one `LINEAR_KERNELS` implementation, with
+    the activation or residual add that follows them.
+
+    fp32: `kernel` decides the layout: oneDNN's blocked layout (`mkldnn._reorder_linear_weight`, as inductor's weight
+    prepacking does), MKL's packed layout, the weight transposed, or as stored. bf16 (oneDNN only): the weight rounded
+    to bf16 and reordered; inputs and outputs are bf16, the products accumulate in fp32 inside oneDNN, and the bias,
+    rounded to bf16, is added to the fp32 sums. int8 (oneDNN only): the weight quantized symmetrically with one scale
+    per output feature to `int8_weight_levels(form)` levels each side (127, or 63 where this call form's int8 products
+    saturate; the form is the activation's fused post-op or, with `residual=True`, the residual add) and prepacked
+    (`onednn.qlinear_prepack`); each call quantizes its input to 8 bits with one scale and zero point for the whole
+    tensor, from the tensor's own range (dynamic quantization, Jacob et al. 2018, "Quantization and Training of Neural
+    Networks for Efficient Integer-Arithmetic-Only Inference", §2.1; `quantize_per_tensor_uint8`), and accumulates in
+    int32.
+
+    Several linear layers that read the same input are packed as one (their weights stacked along the outputs), as
+    the query, key and value projections are.
+
+    Args:
+        linears (`list[nn.Linear]`): same `in_features`, all with or all without bias.
+        int8 (`bool`): compute in int8 (oneDNN).
+        dtype (`torch.dtype`): float32 or bfloat16 (not with int8).
+        kernel (`str`): one of `LINEAR_KERNELS` (int8 and bf16: "onednn").
+        activation (`str`, *optional*): a transformers `hidden_act` applied to the output (fused into oneDNN's call
+            where `ONEDNN_ACTIVATIONS` has it).
+        weight_levels (`int`, *optional*): int8 only, the largest quantized weight magnitude (default
+            `int8_weight_levels(self.call_form)`).
+        residual (`bool`): every call adds a residual to the output (`__call__`'s `residual`, required then).
+
+    Attributes:
+        call_form (`str`): the `capabilities.INT8_CALL_FORMS` entry of oneDNN's calls: "add" with a residual, else the
+            fused activation's ("gelu", "gelu_tanh", "relu") or "plain".
+
+    Raises:
+        ValueError: `activation` together with `residual=True` (the second product of a layer adds the residual, the
+            first applies the activation; none does both).
+    """
+
+    def __init__(
+        self,
+        linears: list[nn.Linear],
+        int8: bool = False,
+        dtype: torch.dtype = torch.float32,
+        kernel: str = "onednn",
+        activation: str | None = None,
+        weight_levels: int | None = None,
+        residual: bool = False,
+    ):
+        if activation and residual:
+            raise ValueError(f"activation ({activation!r}) and residual=True: a PackedLinear does one or the other")
+        weight = torch.cat([linear.weight.detach() for linear in linears])  # (out, in)
+        biases = [linear.bias for linear in linears]
+        self.bias = None if biases[0] is None else torch.cat([bias.detach() for bias in biases]).contiguous()
+        self.int8, self.dtype, self.kernel, self.residual = int8, dtype, kernel, residual
+        self.out_features, self.in_features = weight.shape
+        self.post_op = ONEDNN_ACTIVATIONS.get(activation) if kernel == "onednn" and activation else None
+        self.activation = ACT2FN[activation] if activation and self.post_op is None else None
+        post_ops = {value: name for name, value in INT8_CALL_FORMS.items()}
+        self.call_form = "add" if residual else post_ops[self.post_op or ("none", "")]
+        if self.bias is not None and not int8:
+            self.bias = self.bias.to(dtype)  # oneDNN takes the bias in the input's dtype (added in fp32)
+        if int8:
+            self.weight_levels = weight_levels or int8_weight_levels(self.call_form)
+            # Rounded in float64, so that no weight lands on the other side of a half step through fp32's rounding
+            # of weight / scale; the scale is handed to oneDNN in fp32.
+            scale = (weight.double().abs().amax(dim=1) / self.weight_levels).clamp(min=torch.finfo(torch.float32).tiny)
+            quantized = torch.round(weight.double() / scale[:, None]).clamp(-self.weight_levels, self.weight_levels)
+            self.weight_scale = scale.float()
+            self.weight = torch.ops.onednn.qlinear_prepack(quantized.to(torch.int8), None)
+            self.weight_zero_point = torch.zeros(self.out_features, dtype=torch.int64)
+        elif kernel == "onednn":
+            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype).contiguous(), None)
+        elif kernel == "mkl":
+            self.weight = weight.contiguous()
+            self.mkl_weight = torch.ops.mkl._mkl_reorder_linear_weight(self.weight, 64)
+        elif kernel == "addmm":
+            self.weight = weight.t().contiguous()  # (in, out)
+        else:
+            self.weight = weight.contiguous()
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """(..., in_features) -> (..., out_features), fp32 (int8 too) or bf16 as packed: `x @ W.T + b`, then the
+        activation, or `+ residual` (same shape and dtype as the output) where built with `residual=True`.
+
+        Raises:
+            ValueError: `residual` given to a PackedLinear built without `residual=True`, or missing from one built
+                with it (int8 chose its weights' bits for the call form it was built for).
+        """
+        if (residual is not None) != self.residual:
+            raise ValueError(
+                f"residual is {'given' if residual is not None else 'missing'}, but this PackedLinear was built with "
+                f"residual={self.residual}: pass a residual exactly when built with residual=True"
+            )
+        rows = x.reshape(-1, self.in_features)
+        other = None if residual is None else residual.reshape(-1, self.out_features)
+        if self.kernel == "onednn":
+            out = self._onednn(rows, other)
+        else:
+            if self.kernel == "mkl":
+                out = torch.ops.mkl._mkl_linear(rows, self.mkl_weight, self.weight, self.bias, rows.shape[0])
+            elif self.kernel == "addmm":
+                out = rows @ self.weight if self.bias is None else torch.addmm(self.bias, rows, self.weight)
+            else:
+                out = nn.functional.linear(rows, self.weight, self.bias)
+            if other is not None:
+                out.add_(other)
+        if self.activation is not None:
+            out = self.activation(out)
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def _onednn(self, rows: torch.Tensor, other: torch.Tensor | None) -> torch.Tensor:
+        post_op, algorithm = self.post_op or ("none", "")
+        if not self.int8:
+            if other is not None:
+                return torch.ops.mkldnn._linear_pointwise.binary(rows, other, self.weight, self.bias, "add")
+            return torch.ops.mkldnn._linear_pointwise(rows, self.weight, self.bias, post_op, [], algorithm)
+        quantized, scale, zero_point = quantize_per_tensor_uint8(rows)
+        args = (quantized, scale, zero_point, self.weight, self.weight_scale, self.weight_zero_point)
+        if other is not None:
+            return torch.ops.onednn.qlinear_pointwise.binary(
+                *args, other, self.bias, 1.0, 0, torch.float32, 1.0, 0, "add", 1.0, "none", [], ""
+            )
+        return torch.ops.onednn.qlinear_pointwise(*args, self.bias, 1.0, 0, torch.float32, post_op, [], algorithm)
+
+
+def quantize_per_tensor_uint8(x: torch.Tensor) -> tuple[torch.Tensor, float, int]:
+    """
+    Asymmetric uint8 quantization of a whole fp32 tensor from its own range (dynamic quantization, Jacob et al. 2018,
+    §2.1): `q = round(x / scale) + zero_point`, the range widened to include 0, so that 0 is exact.
+
+    Our own arrangement of the passes over `x`, about 2.7x faster than the plain multiply, add, round, clamp and cast
+    (measured on a (830, 1536) tensor): the range is spread over 253 steps rather than 255 and the zero point rounded
+    up, so every value lands in [0, 254] with half a step to spare on each side and no clamp is needed; and the cast
+    goes through int8 (`q - 128`, then the same bytes read as uint8 with the top bit flipped), because torch's
+    fp32 -> uint8 cast is about 9x slower than its fp32 -> int8 one. Scale and zero point are read to the host (a CPU
+    tensor's values, no device sync). The range comes from `amin` and `amax`, two passes that together take about
+    0.6x the time of torch's one-pass `aminmax` on these shapes (torch 2.13.0, one thread; measured on (800, 384) and
+    (800, 1536) tensors), with the same values.
+
+    Returns:
+        `(q, scale, zero_point)`: q uint8 with `x`'s shape, scale a float > 0, zero_point an int in [0, 253].
+    """
+    low, high = x.amin().item(), x.amax().item()
+    low, high = min(low, 0.0), max(high, 0.0)
+    scale = max((high - low) / 253, torch.finfo(torch.float32).tiny)
+    zero_point = math.ceil(-low / scale)  # x / scale + zero_point lies in [0, 254)
+    offset = torch.tensor(zero_point - 128.0, dtype=x.dtype)
+    shifted = torch.add(offset, x, alpha=1.0 / scale).round_().to(torch.int8)  # q - 128
+    return shifted.view(torch.uint8).bitwise_xor_(0x80), scale, zero_point  # q

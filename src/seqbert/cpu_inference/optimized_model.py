@@ -1,0 +1,223 @@
+"""`optimize_for_cpu_inference`: the checks of its arguments and of this CPU, the plan (given, or measured once per
+process), and the optimized copy of the model."""
+
+import copy
+import functools
+import warnings
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+from transformers.utils import logging
+
+from ..modeling_seqbert import SeqBertEncoder, SeqBertLayer, SeqBertPreTrainedModel
+from .capabilities import (
+    UnsupportedCpuError,
+    bf16_instructions_available,
+    bf16_linear_available,
+    onednn_x86_operators_available,
+)
+from .optimized_layers import optimize_encoder
+from .plans import CpuInferencePlan, check_plan, default_timing_lengths, measured_plan
+
+
+logger = logging.get_logger("seqbert.cpu_inference")
+
+
+def optimize_for_cpu_inference(
+    model: SeqBertPreTrainedModel,
+    int8: bool = False,
+    dtype: torch.dtype = torch.float32,
+    plan: CpuInferencePlan | Mapping | None = None,
+    example_inputs: Mapping | None = None,
+) -> SeqBertPreTrainedModel:
+    """
+    A copy of `model` for CPU inference whose encoder layers run prepacked linear layers with fused post-ops and
+    length-grouped attention (our own combination of torch's oneDNN, MKL and generic operators), in the precision
+    asked for:
+
+    - query, key and value projections as one matrix product, laid out for attention with one copy instead of three;
+    - bias + activation fused into the feed-forward's first product, and the residual added inside the output
+      projection and the feed-forward's second product (oneDNN's eltwise and binary post-ops; after the product on
+      the other kernels);
+    - attention per group of similar lengths (`LengthGroups`).
+
+    The precision is the caller's; the kernels are the plan's. `int8=True` always gives int8 layers and
+    `dtype=torch.bfloat16` always bf16 layers: the plan chooses only among kernels and attention of that precision.
+    Which ones run is measured on this CPU, at the current thread count, on the model's own shapes (`measure_plan`:
+    each linear kernel per role, attention written out or on sdpa, 1 to 8 length groups, then the optimized layer
+    against the eager one), in a few seconds, starting from the default plan of this CPU class and keeping it unless
+    another is clearly faster, so that the plan does not follow the load of the machine; where the timing rounds
+    disagree (other processes using the CPU), the class's default plan stands, with a warning. The choice is logged at
+    INFO level (transformers' logging, `seqbert.cpu_inference`) and kept as the copy's `cpu_inference_plan`; pass it
+    back as `plan=` (or its `to_dict()`) to skip the timing and get the same choice. In fp32, where the eager layers
+    measure faster, the copy keeps them; int8 or bf16 measured slower than the fp32 eager model warns once, with both
+    times. Measurements are cached per process by everything that changes them (`plans.plan_key`: precision, shapes,
+    attention implementation, training mode, threads, CPU capability and class).
+
+    Attention, LayerNorms, embeddings, heads and the decoder of a seq2seq model run as in `model`; so does every layer
+    while gradients flow into it, under `torch.compile`/`torch.export`, off the CPU, and when transformers records
+    per-layer outputs (`output_attentions`, `output_hidden_states`). Any batch size or length runs without further
+    preparation.
+
+    fp32 results differ from the eager model in the last bits (the kernels sum in another order): within 1e-5 of
+    BERT's hidden states on real text, whichever kernels the plan holds. fp32 runs on every CPU: where oneDNN's x86
+    operators are missing (non-x86 CPUs such as AWS Graviton or Apple silicon, or builds without oneDNN) the plan
+    chooses among torch's generic `addmm` and `linear`.
+
+    With `int8=True` the encoder's linear layers compute in int8 through oneDNN (x86 only; weights per output feature,
+    activations per call; see `PackedLinear`), which moves hidden states as int8 does
+    (`scripts/benchmarks/evaluate_int8.py` measures the accuracy a fine-tuned classifier keeps). On CPUs whose int8
+    products saturate in a call form seqbert uses (no VNNI: AVX2 CPUs such as AMD Zen 3), the weights of that form are
+    quantized to 7 bits so that the products stay exact (`int8_weight_levels`).
+
+    With `dtype=torch.bfloat16` the encoder layers compute in bf16 (Kalamkar et al. 2019, "A Study of BFLOAT16 for
+    Deep Learning Training"): weights rounded to bf16 once, hidden states bf16 between the encoder's layers, every
+    matrix product accumulated in fp32 inside oneDNN, LayerNorm statistics and the attention softmax computed in fp32
+    (torch's mixed-dtype LayerNorm and its CPU flash attention do so for bf16 inputs; other attention, eager or with
+    an additive mask, runs in fp32 on the bf16 projections), and the embeddings, pooler and heads in fp32 as before,
+    so outputs are fp32. On CPUs with AVX512_BF16 or AMX-BF16 this is the fast path. On other AVX-512 CPUs oneDNN
+    emulates bf16, slower than fp32, and a warning says so (`bf16_instructions_available`); on CPUs without AVX-512
+    torch has no bf16 oneDNN linear, and this raises (`bf16_linear_available`).
+
+    The copy is for inference: its parameters do not require grad, and the packed weights are taken now, so changing
+    the copy's weights afterwards is not seen by the packed layers; optimize again instead. `save_pretrained` of the
+    copy writes the ordinary fp32 weights.
+
+    Args:
+        model (`SeqBertPreTrainedModel`): any SeqBERT model with an encoder, on the CPU in float32, in either mode;
+            left unchanged.
+        int8 (`bool`): compute the encoder's linear layers in int8.
+        dtype (`torch.dtype`): `torch.float32` (default) or `torch.bfloat16`, what the encoder layers compute in
+            (not with `int8=True`).
+        plan (`CpuInferencePlan` or `dict`, *optional*): run this plan instead of measuring one.
+        example_inputs (`Mapping`, *optional*): a batch like those that will be served (the tokenizer's output); its
+            `attention_mask` gives the lengths the plan is timed on (default `default_timing_lengths()`).
+
+    Returns:
+        `SeqBertPreTrainedModel`: the optimized copy, in eval mode, with `cpu_inference_plan` set.
+
+    Raises:
+        TypeError: `model` is not a SeqBERT model, `int8` is not a bool, `dtype` not a `torch.dtype`, or `plan` of
+            another type.
+        ValueError: `dtype` is neither float32 nor bfloat16, or bfloat16 with `int8=True`; `model` is not on the CPU
+            in float32, has no bidirectional encoder layers, or its linear layers are wrapped (PEFT adapters: merge
+            them first with `merge_and_unload()`); `plan` names a kernel this precision or CPU cannot run, an unknown
+            attention mode, or the eager layers for int8 or bf16; `example_inputs` has no usable `attention_mask`.
+        UnsupportedCpuError: int8 or bf16 where this CPU or torch build lacks oneDNN's x86 operators (the message
+            names the ONNX Runtime route of docs/deploy.md), or bf16 where oneDNN has no bf16 linear (AVX-512 or
+            AVX-NE-CONVERT is needed).
+
+    Warns:
+        UserWarning: the timing rounds disagreed and this CPU class's default plan runs; int8 or bf16 measured slower
+            than the fp32 eager model (once per measurement); bf16 on a CPU without bf16 instructions (once).
+    """
+    if not isinstance(model, SeqBertPreTrainedModel):
+        raise TypeError(f"model must be a SeqBERT model (SeqBertPreTrainedModel), got {type(model).__name__}")
+    if not isinstance(int8, bool):
+        raise TypeError(f"int8 must be True or False, got {int8!r}")
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype (torch.float32 or torch.bfloat16), got {dtype!r}")
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"dtype ({dtype}) must be torch.float32 or torch.bfloat16")
+    if int8 and dtype != torch.float32:
+        raise ValueError(f"int8=True computes in int8 with fp32 outputs: leave dtype at torch.float32, got {dtype}")
+    for name, parameter in model.named_parameters():
+        if parameter.device.type != "cpu" or parameter.dtype != torch.float32:
+            raise ValueError(
+                f"optimize_for_cpu_inference needs a float32 model on the CPU; parameter {name!r} is "
+                f"{parameter.dtype} on {parameter.device}"
+            )
+    encoders = [  # each encoder's bidirectional layers, by name
+        [
+            (name, layer)
+            for name, layer in encoder.layers.named_children()
+            if isinstance(layer, SeqBertLayer) and not layer.attention.is_causal
+        ]
+        for encoder in model.modules()
+        if isinstance(encoder, SeqBertEncoder)
+    ]
+    encoders = [layers for layers in encoders if layers]
+    layers = [pair for encoder_layers in encoders for pair in encoder_layers]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no bidirectional encoder layers to optimize")
+    for name, layer in layers:
+        for child_name, child in layer.named_modules():
+            if child_name.rsplit(".", 1)[-1] in ("query", "key", "value", "out_proj", "up_proj", "down_proj") and (
+                type(child) is not nn.Linear
+            ):
+                raise ValueError(
+                    f"layer {name}'s {child_name} is a {type(child).__name__}, not a plain nn.Linear (a PEFT "
+                    "adapter?); merge adapters into the weights first (`merge_and_unload()`)"
+                )
+    _check_cpu(int8, dtype)
+    lengths = _example_lengths(example_inputs)
+    if plan is None:
+        plan = measured_plan(encoders[0][0][1], int8, dtype, lengths, len(encoders[0]))
+        measured = plan.measurements
+        logger.info(
+            f"optimize_for_cpu_inference({'int8' if int8 else dtype}): {plan.summary()}; chosen by "
+            f"{measured['chosen_by']}; measured in {measured['seconds']} s at {measured['threads']} thread(s), CPU "
+            f"capability {measured['cpu_capability']}, class {measured['cpu_class']}"
+        )
+    else:
+        plan = check_plan(plan, int8, dtype)
+    optimized = copy.deepcopy(model).eval().requires_grad_(False)
+    optimized.cpu_inference_plan = plan
+    if plan.eager_layers:
+        return optimized
+    for encoder in (module for module in optimized.modules() if isinstance(module, SeqBertEncoder)):
+        optimize_encoder(encoder, plan, int8, dtype)
+    return optimized
+
+
+def _check_cpu(int8: bool, dtype: torch.dtype) -> None:
+    """UnsupportedCpuError where this CPU or torch build cannot run the precision asked for; a warning where bf16 runs
+    emulated."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if (int8 or dtype == torch.bfloat16) and not onednn_x86_operators_available():
+        precision = "int8=True" if int8 else "dtype=torch.bfloat16"
+        raise UnsupportedCpuError(
+            f"optimize_for_cpu_inference({precision}) needs torch's oneDNN operators on an x86 CPU with AVX2 or "
+            f"better; this CPU and torch build have none (CPU capability {capability!r}, oneDNN available "
+            f"{torch.backends.mkldnn.is_available()}). fp32 (the default) runs here on torch's generic operators. For "
+            "int8 on this CPU use ONNX Runtime: seqbert.serving_artifacts.save_serving_artifacts(folder) writes "
+            "onnx/model_qint8_quantized.onnx, ONNX Runtime's dynamic int8 quantization of the model (docs/deploy.md, "
+            "'ONNX and OpenVINO files in the folder')"
+        )
+    if dtype == torch.bfloat16 and not bf16_linear_available():
+        raise UnsupportedCpuError(
+            "optimize_for_cpu_inference(dtype=torch.bfloat16) needs a CPU on which oneDNN runs bf16: AVX-512 (BW, "
+            "VL, DQ) or AVX-NE-CONVERT, best with AVX512_BF16 or AMX; this CPU has neither (torch reports capability "
+            f"{capability!r}): use dtype=torch.float32, or int8=True"
+        )
+    if dtype == torch.bfloat16 and not bf16_instructions_available():
+        _warn_no_bf16_instructions()
+
+
+def _example_lengths(example_inputs: Mapping | None) -> list[int]:
+    """The real lengths of `example_inputs`' sequences (rows with no real token left out), or the default ones."""
+    if example_inputs is None:
+        return default_timing_lengths()
+    mask = example_inputs.get("attention_mask") if isinstance(example_inputs, Mapping) else None
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+        raise ValueError(
+            "example_inputs must be a batch with a (batch, length) attention_mask tensor, as the tokenizer returns "
+            f"with return_tensors='pt'; got {type(example_inputs).__name__} with attention_mask "
+            f"{None if mask is None else getattr(mask, 'shape', type(mask).__name__)}"
+        )
+    lengths = [length for length in mask.sum(1).tolist() if length > 0]
+    if not lengths:
+        raise ValueError("example_inputs' attention_mask has no real token (every entry 0)")
+    return lengths
+
+
+@functools.cache
+def _warn_no_bf16_instructions() -> None:
+    """Once per process: bf16 was asked for on a CPU without bf16 instructions."""
+    warnings.warn(
+        "optimize_for_cpu_inference(dtype=torch.bfloat16): this CPU has no bf16 instructions (AVX512_BF16 or "
+        f"AMX-BF16; torch reports CPU capability {torch.backends.cpu.get_cpu_capability()!r}), so oneDNN emulates "
+        "bf16 and it runs slower than dtype=torch.float32 here; results are still bf16's",
+        stacklevel=4,
+    )
