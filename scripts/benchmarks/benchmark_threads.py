@@ -51,15 +51,25 @@ reference's. Measured on the 2-core AMD EPYC of the docs (4 batches, both models
 highest, 0.31 and cosine 0.929; seqbert's int8 0.15 and 0.983, CTranslate2's 0.08 to 0.09 and 0.989 to 0.991), against
 1.06 and 1.23 for the reference with each sequence's tokens reversed (which mean-pooling cannot see: on the seeded
 bert-base-width model every engine's mean-pooled cosine rounds to 1.0000); the fp32 engines' largest |delta| 6.2e-6. A
-seqbert engine whose timed plan (`cpu_inference_plan`) kept the eager fp32 layers does not compute in its precision:
-below fp32 it disagrees too. Each row records `max_abs_delta`, `relative_error` and `min_cosine` per thread count and
+seqbert engine whose timed plan (`cpu_inference_plan`) ran the eager fp32 layers would not compute in its precision:
+below fp32 that is a disagreement too (int8 and bf16 plans can no longer hold the eager layers; the check stays as a
+guard). Each row records `max_abs_delta`, `relative_error` and `min_cosine` per thread count and
 `agrees`; an engine that disagrees is printed as DISAGREES when found (before the timing) and in the tables, listed
 under `disagreements` in the JSON, and the script exits with an error (`EngineDisagreement`) once the JSON is written.
 
 The processes start together and import their libraries side by side, then build their engines one at a time while
 the others wait idle: seqbert's engines time their implementations when they are built
-(`seqbert.cpu_inference.measure_plan`), and, built side by side, two processes timing at once on 2 cores let seqbert's
-int8 engine keep the eager fp32 layers, whose outputs then matched fp32's exactly (the agreement check above found it).
+(`seqbert.cpu_inference.measure_plan`), and two processes timing at once on 2 cores would each see the other's load
+(where the timing rounds disagree, seqbert runs the default plan of the CPU class and says so; each row records which,
+`plan_chosen_by`).
+
+Optimized against eager: for each of seqbert's optimized engines, its speed over seqbert's own eager `SeqBertModel`
+(fp32, the model it was made from) at each thread count, `vs_eager` (ratio of the medians: eager time over optimized
+time, above 1.0 is faster) with `vs_eager_range`, the smallest and largest ratio of the two engines' times in the
+same round (they run one after the other in one process, so each round pairs like with like); printed after the
+tables, with the cells below 1.0 marked. fp32 targets 1.0 or more in every cell (where the eager layers are faster,
+the optimized copy is the eager model); int8 and bf16 warn when they measure slower than the fp32 eager model. Every
+row also records each round's seconds (`seconds`, one pass over the batches) as measured.
 
 AVX2 (`--no_avx2` leaves it out): the worker processes start with `ATEN_CPU_CAPABILITY=avx2` (torch's kernels),
 `ONEDNN_MAX_CPU_ISA=AVX2` (oneDNN: seqbert's packed linears, torch's int8) and `CT2_FORCE_CPU_ISA=AVX2`
@@ -165,7 +175,8 @@ def _build(library: str, count: int, folder: str, artifacts: dict, batches: list
     """{engine: its timed calls, one per batch} of `library` at `count` threads, each run once (first-call set-up),
     and what the parent checks: `precisions` ({engine: precision}), `outputs` ({engine: its hidden states on the
     batches' real tokens from that first run, a (tokens, hidden) fp32 array}) and `eager_layers` ({seqbert engine:
-    whether its timed plan kept the eager fp32 layers})."""
+    whether its timed plan kept the eager fp32 layers}), `plans` and `chosen_by` ({seqbert engine: its plan's
+    summary, and "measurement" or why the CPU class's default plan ran})."""
     if library == "torch":
         torch.set_num_threads(count)
         bert = BertModel.from_pretrained(folder).eval()
@@ -190,8 +201,9 @@ def _build(library: str, count: int, folder: str, artifacts: dict, batches: list
         plans = {name: getattr(m, "cpu_inference_plan", None) for name, (m, _) in modules.items()}
         eager_layers = {name: plan.eager_layers for name, plan in plans.items() if plan is not None}
         plan_summaries = {name: plan.summary() for name, plan in plans.items() if plan is not None}
+        chosen_by = {name: plan.measurements.get("chosen_by") for name, plan in plans.items() if plan is not None}
     else:
-        eager_layers, plan_summaries = {}, {}
+        eager_layers, plan_summaries, chosen_by = {}, {}, {}
         torch.set_num_threads(1)  # torch only prepares inputs here: it starts no OpenMP team of its own
         if library.startswith("onnxruntime"):
             int8 = library.endswith("_int8")
@@ -214,7 +226,8 @@ def _build(library: str, count: int, folder: str, artifacts: dict, batches: list
         ]
         outputs[name] = torch.cat(states).float().numpy()
     precisions = {name: engine.precision for name, engine in engines.items()}
-    return calls, {"precisions": precisions, "outputs": outputs, "eager_layers": eager_layers, "plans": plan_summaries}
+    found = {"precisions": precisions, "outputs": outputs, "eager_layers": eager_layers, "plans": plan_summaries}
+    return calls, found | {"chosen_by": chosen_by}
 
 
 def rotated(items: list, turn: int) -> list:
@@ -383,10 +396,12 @@ def measure(
         pipe.send("build")
         ready[key] = pipe.recv()
     plans: dict = {}  # seqbert engine -> {threads: the plan it measured, `CpuInferencePlan.summary()`}
+    chosen_by: dict = {}  # seqbert engine -> {threads: "measurement", or why the class's default plan ran}
     outputs, precisions, eager_layers = {}, {}, {}  # keyed by (engine, thread count)
     for (_, count), answer in ready.items():
         for name, summary in answer["plans"].items():
             plans.setdefault(name, {})[count] = summary
+            chosen_by.setdefault(name, {})[count] = answer["chosen_by"][name]
         for name, output in answer.pop("outputs").items():
             outputs[name, count] = output
             precisions[name, count] = answer["precisions"][name]
@@ -420,11 +435,26 @@ def measure(
                 "speedup": statistics.median(first) / statistics.median(last),
                 "speedup_range": [min(first) / max(last), max(first) / min(last)],
                 **_agreement_fields(agreements[name]),
-                **({"plan": plans[name]} if name in plans else {}),
+                **({"plan": plans[name], "plan_chosen_by": chosen_by[name]} if name in plans else {}),
+                **(against_eager(by_count, times["seqbert"]) if name in plans and "seqbert" in times else {}),
+                "seconds": by_count,
             }
         )
     isa = next(answer["isa"] for answer in ready.values())
     return Measurement(rows, isa, rounds, outputs, eager_layers)
+
+
+def against_eager(optimized: dict[int, list[float]], eager: dict[int, list[float]]) -> dict:
+    """An optimized engine's speed over seqbert's eager model, per thread count, from each engine's seconds per round
+    (same process, same rounds): `vs_eager`, the eager model's median time over the optimized engine's, and
+    `vs_eager_range`, the smallest and largest ratio of their times in the same round."""
+    ratios = {
+        count: [e / o for e, o in zip(eager[count], seconds, strict=True)] for count, seconds in optimized.items()
+    }
+    return {
+        "vs_eager": {count: statistics.median(eager[count]) / statistics.median(s) for count, s in optimized.items()},
+        "vs_eager_range": {count: [min(r), max(r)] for count, r in ratios.items()},
+    }
 
 
 def _rounded(found: dict) -> dict:
@@ -536,6 +566,15 @@ def print_table(setting: str, isa: dict, rows: list[dict]) -> None:
             f"{row['model']:<26} {row['engine']:<24} {row['precision']:<5} {rates:>17} tokens/s  "
             f"x{row['speedup']:.2f} [{low:.2f}-{high:.2f}]  {check}" + ("" if row["agrees"] else "  DISAGREES")
         )
+    ratios = [row for row in rows if "vs_eager" in row]
+    if ratios:
+        print("optimized / eager (seqbert's eager SeqBertModel, fp32), per thread count [range over the rounds]:")
+    for row in ratios:
+        cells = []
+        for count, ratio in row["vs_eager"].items():
+            low, high = row["vs_eager_range"][count]
+            cells.append(f"{count}: {ratio:.2f}x [{low:.2f}-{high:.2f}]" + (" BELOW 1.0" if ratio < 1.0 else ""))
+        print(f"  {row['model']:<26} {row['engine']:<24} {row['precision']:<5} " + "  ".join(cells))
 
 
 if __name__ == "__main__":
