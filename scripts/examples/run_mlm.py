@@ -380,7 +380,7 @@ class MLMTrainingArguments(ScriptTrainingDefaults, TrainingArguments):
         metadata={
             "help": "bf16 mixed precision (autocast; fp32 master weights, LayerNorm statistics and softmax). Default: "
             "on the CPU, timed when training starts: bf16 where a training step of this model on the run's first "
-            f"batch ran at least {MIN_BF16_SPEEDUP}x faster than fp32 in {MIN_BF16_SHARE:.0%} of the rounds and most "
+            f"batch ran at least {MIN_BF16_SPEEDUP}x faster than fp32 in {MIN_BF16_SHARE:.0%}% of the rounds and most "
             f"rounds were undisturbed (within {MAX_ROUND_SPREAD}x of the fastest), fp32 elsewhere, and the log says "
             "which and why; fp32 with an accelerator. --bf16 True or --bf16 False decides without timing (ModernBERT, "
             "Warner et al. 2024, and MosaicBERT, Portes et al. 2023, pretrain in bf16)."
