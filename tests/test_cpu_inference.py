@@ -385,8 +385,11 @@ def test_the_same_plan_on_a_quiet_cpu_and_beside_a_busy_process(minilm_path, mon
 def test_a_cached_plan_is_kept_apart_by_attn_implementation_and_training_mode(minilm_path, monkeypatch):
     """The cache key holds the attention implementation and the training mode: an eager-attention model is measured
     on the padded batch it runs (no length groups timed), an sdpa one on the unpadded batch, and each is reused only
-    for its own; the eager layer is timed in eval mode whatever mode the model is in, which stays as it was."""
+    for its own; the eager layer is timed in eval mode whatever mode the model is in, which stays as it was. (Every
+    candidate runs; the timings are set, so that a loaded machine cannot cut the timing short.)"""
     monkeypatch.setattr(plans, "_MEASURED_PLANS", {})
+    uniform = FakeRounds(lambda role, kernel: _rounds(10.0), lambda option: _rounds(10.0), lambda name: _rounds(10.0))
+    monkeypatch.setattr(plans, "time_rounds", uniform)
     models = {
         name: seqbert.SeqBertModel.from_bert_pretrained(minilm_path, attn_implementation=name).eval()
         for name in ("sdpa", "eager")
