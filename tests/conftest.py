@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import fake_cuda_shim  # tests/, imports no torch
@@ -33,6 +34,7 @@ fake_cuda_shim.load()
 import pandas as pd
 import pytest
 import torch
+from filelock import FileLock
 from hypothesis import HealthCheck, settings
 from safetensors.torch import load_file
 from transformers import (
@@ -417,27 +419,54 @@ def run_with_seqbert(jobs: list[dict], tmp_path: Path) -> dict[str, torch.Tensor
     return _run_jobs(Path(__file__).with_name("seqbert_reference_outputs.py"), jobs, tmp_path, "with")
 
 
+def _shared_root(tmp_path_factory) -> Path:
+    """The temporary folder all of this run's workers see: the parent of each worker's own (`popen-gwN`) under
+    pytest-xdist, this process's otherwise."""
+    root = tmp_path_factory.getbasetemp()
+    return root.parent if "PYTEST_XDIST_WORKER" in os.environ else root
+
+
+def built_once_per_run(tmp_path_factory, name: str, build: Callable[[Path], object]) -> Path:
+    """`ROOT/name`, built by `build(ROOT/name)` once for the whole test run, whichever worker asks first (the others
+    wait on a file lock, then reuse it): the recipe of pytest-xdist's docs ("Making session-scoped fixtures execute
+    only once"). ROOT is `_shared_root`, which pytest removes after a run that passed (`tmp_path_retention_policy`);
+    a build that failed is retried by the next worker that asks. The users only read the folder."""
+    root = _shared_root(tmp_path_factory) / "built_once"
+    root.mkdir(exist_ok=True)
+    folder, complete = root / name, root / f"{name}.complete"
+    with FileLock(root / f"{name}.lock"):
+        if not complete.is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            build(folder)
+            complete.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def classification_run(tmp_path_factory) -> Path:
     """Output folder of `run_classification.py` on a small slice of the real data: 96 training snippets (3 steps of
-    32), 64 validation snippets, with a Trainer checkpoint after step 2 (`checkpoint-2/`)."""
-    output_dir = tmp_path_factory.mktemp("run") / "rt"
-    return _run_script(
-        "run_classification.py", output_dir,
-        "--max_train_samples", "96", "--max_eval_samples", "64", "--num_train_epochs", "1", "--logging_steps", "1",
-        "--save_strategy", "steps", "--save_steps", "2",
-    )  # fmt: skip
+    32), 64 validation snippets, with a Trainer checkpoint after step 2 (`checkpoint-2/`). Built once per test run
+    (`built_once_per_run`)."""
+    return built_once_per_run(
+        tmp_path_factory, "classification_run", lambda folder: _run_script(
+            "run_classification.py", folder / "rt",
+            "--max_train_samples", "96", "--max_eval_samples", "64", "--num_train_epochs", "1", "--logging_steps", "1",
+            "--save_strategy", "steps", "--save_steps", "2",
+        )
+    ) / "rt"  # fmt: skip
 
 
 @pytest.fixture(scope="session")
 def seq2seq_run(tmp_path_factory) -> Path:
-    """Output folder of `run_seq2seq.py` on a small slice of the real verse pairs (32 training, 16 test pairs)."""
-    output_dir = tmp_path_factory.mktemp("run") / "kjv2web"
-    return _run_script(
-        "run_seq2seq.py", output_dir,
-        "--max_train_samples", "32", "--max_predict_samples", "16", "--generation_max_length", "24",
-        "--per_device_train_batch_size", "8", "--logging_steps", "1",
-    )  # fmt: skip
+    """Output folder of `run_seq2seq.py` on a small slice of the real verse pairs (32 training, 16 test pairs). Built
+    once per test run (`built_once_per_run`)."""
+    return built_once_per_run(
+        tmp_path_factory, "seq2seq_run", lambda folder: _run_script(
+            "run_seq2seq.py", folder / "kjv2web",
+            "--max_train_samples", "32", "--max_predict_samples", "16", "--generation_max_length", "24",
+            "--per_device_train_batch_size", "8", "--logging_steps", "1",
+        )
+    ) / "kjv2web"  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -446,12 +475,13 @@ def mlm_run(tmp_path_factory) -> Path:
     2 layers), 4 steps of 8 blocks of 64 tokens, 32 validation blocks, with MiniLM's tokenizer as it is (the default
     trains a vocabulary first: tests/test_pretraining.py covers that) and BERT's 15 % masking. Its datasets cache (the
     Bible text files and the tokenized blocks) is the sibling folder `datasets_cache`, which the other masked-LM tests
-    reuse."""
-    root = tmp_path_factory.mktemp("mlm")
-    return _run_script(
-        "run_mlm.py", root / "run", "--tokenizer_name", str(minilm_checkpoint_path()), "--mlm_probability", "0.15",
-        "--cache_dir", str(root / "datasets_cache"), "--max_seq_length", "64",
-        "--config_overrides", "hidden_size=32,num_hidden_layers=2,num_attention_heads=4,intermediate_size=37",
-        "--max_train_samples", "64", "--max_eval_samples", "32", "--max_steps", "4",
-        "--per_device_train_batch_size", "8", "--logging_steps", "1", "--eval_steps", "2",
-    )  # fmt: skip
+    reuse. Built once per test run (`built_once_per_run`)."""
+    return built_once_per_run(
+        tmp_path_factory, "mlm_run", lambda root: _run_script(
+            "run_mlm.py", root / "run", "--tokenizer_name", str(minilm_checkpoint_path()), "--mlm_probability", "0.15",
+            "--cache_dir", str(root / "datasets_cache"), "--max_seq_length", "64",
+            "--config_overrides", "hidden_size=32,num_hidden_layers=2,num_attention_heads=4,intermediate_size=37",
+            "--max_train_samples", "64", "--max_eval_samples", "32", "--max_steps", "4",
+            "--per_device_train_batch_size", "8", "--logging_steps", "1", "--eval_steps", "2",
+        )
+    ) / "run"  # fmt: skip

@@ -334,14 +334,18 @@ def _drop_auto_map_entry(folder: Path, auto_class: str) -> None:
     (folder / "config.json").write_text(json.dumps(config))
 
 
-def test_push_command_exits_non_zero_on_a_bad_folder(tmp_path):
+def test_push_command_exits_non_zero_on_a_bad_folder(tmp_path, capsys):
+    """The command as users run it (a fresh process: its exit status, no traceback), then `main` on another bad
+    argument, which reports it the same way."""
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
     command = [sys.executable, str(SCRIPT_PATHS["push_to_hub.py"]), "--model_dir", str(tmp_path)]
     result = subprocess.run([*command, "--repo_id", "someone/x"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 1
     assert "model_type 'bert', not 'seqbert'" in result.stderr and "Traceback" not in result.stderr
-    result = subprocess.run([*command, "--repo_id", "not a repo id"], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 1 and "repo_id ('not a repo id') is not a valid Hub repository id" in result.stderr
+    with record_hub_requests() as hub:
+        assert push_to_hub.main(["--model_dir", str(tmp_path), "--repo_id", "not a repo id"]) == 1
+    assert "repo_id ('not a repo id') is not a valid Hub repository id" in capsys.readouterr().err
+    assert hub.created_repos == [] and hub.commits == []
 
 
 def test_dry_run_lists_the_files_and_sizes_and_uploads_nothing(classification_run, capsys):

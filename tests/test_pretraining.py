@@ -280,15 +280,15 @@ def test_compare_norm_placement_runs_its_grid(mlm_run, tmp_path):
 
     summary = compare_norm_placement.main(
         [
-            "--output_dir", str(tmp_path), "--learning_rates", "1e-3", "3e-3", "--seeds", "42", "1", "--max_steps", "2",
+            "--output_dir", str(tmp_path), "--learning_rates", "1e-3", "3e-3", "--seeds", "42", "--max_steps", "2",
             "--max_seq_length", "32", "--max_eval_samples", "8", "--config_overrides", TINY_OVERRIDES,
             "--max_train_samples", "32", "--cache_dir", str(mlm_run.parent / "datasets_cache"),
         ]
     )  # fmt: skip
     runs = summary["runs"]
-    assert len(runs) == 2 * 2 * 2
+    assert len(runs) == 2 * 2  # placements x rates, one seed (several: test_norm_placement_separating_learning_rate)
     assert {(r["norm_placement"], r["learning_rate"], r["seed"]) for r in runs} == {
-        (p, lr, s) for p in ("pre", "post") for lr in (1e-3, 3e-3) for s in (42, 1)
+        (p, lr, 42) for p in ("pre", "post") for lr in (1e-3, 3e-3)
     }
     for run in runs:
         config = json.loads(

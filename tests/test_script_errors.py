@@ -2,9 +2,10 @@
 model's learned positions. Each must stop with exit status 2 and a one-line message naming the argument and its value
 (no traceback), before anything is written to `--output_dir`.
 
-The command-line runs are what users see (a subprocess per script and problem); they stop before any model is loaded,
-so each is mostly the ~7 s of importing torch and transformers, and the `cli_runs` fixture runs two at a time. The
-in-process cases cover the other arguments through `main`, which raises `ScriptInputError`."""
+Every case goes through each script's `main`, which raises `ScriptInputError`; one case per script also runs on the
+command line as users see it (a subprocess: exit status, the one line on stderr, the output folder). Those stop before
+any model is loaded, so each is mostly the ~7 s of importing torch and transformers (the `cli_runs` fixture runs them
+two at a time), and the line they print is `run_cli`'s, the same for every case (tested directly below)."""
 
 import argparse
 import ast
@@ -44,6 +45,7 @@ class Case:
     argument: str  # the message must name it ...
     value: str  # ... and its value
     existing_output: bool = False  # the output folder exists (with a marker file) before the run
+    command_line: bool = False  # also run as a command, in a subprocess (one case per script)
 
     @property
     def id(self) -> str:
@@ -67,12 +69,12 @@ CASES = [
     ),
     Case(
         "run_classification.py", "unknown-column", (*REVIEWS, "--label_column", "nope"), "label_column", "'nope'",
-        existing_output=True,
+        existing_output=True, command_line=True,
     ),
     Case("run_classification.py", "too-long", ("--max_seq_length", "1024"), "max_seq_length", "1024"),
     Case(
         "run_seq2seq.py", "missing-file", (*PAIRS, "--validation_file", "{data}/nonexistent.jsonl"),
-        "validation_file", "{data}/nonexistent.jsonl",
+        "validation_file", "{data}/nonexistent.jsonl", command_line=True,
     ),
     Case(
         "run_seq2seq.py", "empty-file", ("--train_file", "{data}/no_lines.jsonl", "--test_file", "{data}/pairs.jsonl"),
@@ -83,8 +85,10 @@ CASES = [
     Case("run_mlm.py", "missing-file", ("--train_file", "{data}/nonexistent.txt"), "train_file", "{data}/nonexistent.txt"),
     Case("run_mlm.py", "empty-file", ("--train_file", "{data}/no_lines.txt"), "train_file", "{data}/no_lines.txt"),
     Case("run_mlm.py", "unknown-column", (*VERSES, "--text_column", "nope"), "text_column", "'nope'"),
-    Case("run_mlm.py", "too-long", ("--max_seq_length", "1024"), "max_seq_length", "1024"),
+    Case("run_mlm.py", "too-long", ("--max_seq_length", "1024"), "max_seq_length", "1024", command_line=True),
 ]  # fmt: skip
+COMMAND_LINE_CASES = [case for case in CASES if case.command_line]
+SCRIPT_MODULES = {"run_classification.py": run_classification, "run_seq2seq.py": run_seq2seq, "run_mlm.py": run_mlm}
 
 
 @pytest.fixture(scope="module")
@@ -131,10 +135,14 @@ def cli_runs(request, data_dir, tmp_path_factory):
     selected = {params["case"] for params in parameters if isinstance(params.get("case"), Case)}
     root = tmp_path_factory.mktemp("cli")
     with ThreadPoolExecutor(max_workers=2) as pool:
-        yield {case.id: pool.submit(run_case, case, data_dir, root / case.id) for case in CASES if case in selected}
+        yield {
+            case.id: pool.submit(run_case, case, data_dir, root / case.id)
+            for case in COMMAND_LINE_CASES
+            if case in selected
+        }
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
+@pytest.mark.parametrize("case", COMMAND_LINE_CASES, ids=lambda case: case.id)
 def test_bad_input_stops_with_a_one_line_message_before_writing_output(case, cli_runs, data_dir):
     result, output_dir = cli_runs[case.id].result()
     report = f"exit status {result.returncode}\nstderr:\n{result.stderr[-4000:]}"
@@ -143,6 +151,25 @@ def test_bad_input_stops_with_a_one_line_message_before_writing_output(case, cli
     errors = [line for line in result.stderr.splitlines() if line.startswith(f"{case.script}: error: ")]
     assert len(errors) == 1, report
     assert case.argument in errors[0] and case.value.format(data=data_dir) in errors[0], report
+    if case.existing_output:
+        assert [path.name for path in output_dir.iterdir()] == ["marker.txt"]
+        assert (output_dir / "marker.txt").read_text() == MARKER
+    else:
+        assert not output_dir.exists()
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
+def test_every_case_raises_a_script_input_error_from_main_before_writing_output(case, data_dir, tmp_path):
+    output_dir = tmp_path / "output"
+    if case.existing_output:
+        output_dir.mkdir()
+        (output_dir / "marker.txt").write_text(MARKER)
+    argv = [arg.format(data=data_dir) for arg in case.args]
+    with pytest.raises(ScriptInputError) as error:
+        SCRIPT_MODULES[case.script].main(
+            [*argv, "--output_dir", str(output_dir), "--cache_dir", str(tmp_path / "cache")]
+        )
+    assert case.argument in str(error.value) and case.value.format(data=data_dir) in str(error.value)
     if case.existing_output:
         assert [path.name for path in output_dir.iterdir()] == ["marker.txt"]
         assert (output_dir / "marker.txt").read_text() == MARKER

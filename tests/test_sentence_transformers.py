@@ -61,10 +61,14 @@ def test_embeddings_without_seqbert_installed(minilm_path, converted, rt_texts, 
 
 
 def test_a_plain_bert_checkpoint_gets_no_sentence_transformers_files(bert_checkpoints, tmp_path):
+    """In-process (`main`): the `converted` fixture runs the command as users do."""
+    import convert_bert_checkpoint  # scripts/hub, on sys.path by conftest
+
     folder = tmp_path / "plain"
-    command = [
-        sys.executable, str(SCRIPT_PATHS["convert_bert_checkpoint.py"]), "--bert_model_name_or_path",
-        str(bert_checkpoints["BertForMaskedLM"]), "--output_dir", str(folder), "--model_class", "SeqBertModel",
-    ]  # fmt: skip
-    subprocess.run(command, check=True, capture_output=True)
+    convert_bert_checkpoint.main(
+        [
+            "--bert_model_name_or_path", str(bert_checkpoints["BertForMaskedLM"]), "--output_dir", str(folder),
+            "--model_class", "SeqBertModel",
+        ]
+    )  # fmt: skip
     assert not (folder / "modules.json").exists()
