@@ -1,8 +1,11 @@
 """The contenders of scripts/benchmarks/benchmark.py compute BERT: each engine built from the real MiniLM checkpoint gives
 transformers' BertModel hidden states on real text (so the speed table compares like with like), and the fast paths
-it claims are the ones taken."""
+it claims are the ones taken. CTranslate2's and OpenVINO's contenders are a `benchmark_run` test, run on demand
+(`python -m pytest -m benchmark_run`; about 25 s of CPU): seqbert's own CTranslate2 and OpenVINO routes have tests of
+their own in the default run (test_ctranslate2_loader.py, test_export_bert.py)."""
 
 import benchmark_engines  # noqa: E402
+import pytest
 import torch
 from transformers import BertModel
 
@@ -41,6 +44,7 @@ def test_every_engine_computes_bert_on_real_text(minilm_path, tokenizer, rt_text
 
 
 @torch.inference_mode()
+@pytest.mark.benchmark_run
 def test_ctranslate2_and_openvino_compute_bert_on_real_text(minilm_path, tokenizer, rt_texts, tmp_path):
     bert = BertModel.from_pretrained(minilm_path).eval()
     batch = dict(tokenizer(rt_texts[:32], padding=True, return_tensors="pt"))

@@ -1,7 +1,7 @@
 """scripts/benchmarks/benchmark_gpu.py, the GPU benchmark, where CI runs it, without a GPU: the command refuses in one
 line and writes nothing; its FLOP count agrees with a hand count and with torch's FLOP counter; its inputs are the real
 snippets with dynamic padding, the speeches as `seqbert.data` reads them, and packed rows that hold the padded batch's
-tokens and labels; and its whole run (but torch.compile) goes through on a tiny model on the CPU without `datasets`,
+tokens and labels; and its whole run (torch.compile with the `aot_eager` backend) goes through on a tiny model on the CPU without `datasets`,
 from copies of the data files, as on the rented GPU machines. No timing is asserted: the machine is shared."""
 
 import json

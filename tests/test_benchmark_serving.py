@@ -1,11 +1,15 @@
 """scripts/benchmarks/benchmark_serving.py runs every deploy route of a saved SeqBERT folder (MiniLM's real weights) on
 real text, and each fp32 route gives seqbert's hidden states within the tolerance its own tests hold it to, so the
-speed table compares like with like. No timing is asserted: the machine is shared."""
+speed table compares like with like. No timing is asserted: the machine is shared. A `benchmark_run` test, run on
+demand (`python -m pytest -m benchmark_run`; about 40 s of CPU): each route has tests of its own in the default run
+(test_serving_artifacts.py, test_ctranslate2_loader.py, test_export_bert.py, test_cpu_inference.py), and the benchmark
+records every route's delta whenever it runs."""
 
 import json
 import math
 
 import benchmark_serving  # noqa: E402  (scripts/benchmarks, on sys.path by conftest)
+import pytest
 
 from seqbert.cpu_inference import bf16_instructions_available, bf16_linear_available
 
@@ -23,6 +27,7 @@ FP32_TOLERANCES = {
 BF16_TOLERANCE = 0.1  # tests/test_benchmark_engines.py, OpenVINO at its default bf16
 
 
+@pytest.mark.benchmark_run
 def test_every_route_runs_and_the_fp32_ones_give_seqberts_hidden_states(tmp_path):
     json_file = tmp_path / "serving.json"
     results = benchmark_serving.main(["--quick", "--json_file", str(json_file)])

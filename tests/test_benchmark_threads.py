@@ -1,6 +1,9 @@
 """scripts/benchmarks/benchmark_threads.py: what its AVX2 setting holds (torch, oneDNN, CTranslate2, each read back
 from the library in a fresh process), its refusals, the rotated order of its rounds and the agreement of its engines'
-outputs with seqbert's fp32 eager model (torch's engines on MiniLM, one batch)."""
+outputs with seqbert's fp32 eager model (torch's engines on MiniLM, one batch). The two tests of the measurement itself
+(`torch_engines`: two worker processes timing plans and rounds, about 40 s of CPU) are `benchmark_run` tests, run on
+demand (`python -m pytest -m benchmark_run`): the benchmark checks every engine against the reference whenever it runs
+and fails on a disagreement."""
 
 import json
 import os
@@ -68,6 +71,7 @@ def torch_engines(minilm_path) -> tuple[dict, "benchmark_threads.Measurement"]:
     return reference, measurement
 
 
+@pytest.mark.benchmark_run
 def test_each_round_starts_with_another_engine_and_the_engines_agree(torch_engines):
     """Round r starts with the r-th process and, within each process, with its r-th engine; every engine agrees with
     seqbert's fp32 eager model, the fp32 ones to 1e-4, the int8 one within int8's tolerances and computing in int8
@@ -110,6 +114,7 @@ def test_each_round_starts_with_another_engine_and_the_engines_agree(torch_engin
                 assert found["min_cosine"] >= benchmark_threads.LOW_PRECISION_MIN_COSINE
 
 
+@pytest.mark.benchmark_run
 def test_a_disagreement_is_reported_and_fails_the_run(torch_engines, tmp_path, capsys):
     """One real token of the reference moved by 0.01, the same engines' outputs checked against it: the fp32 engines
     disagree (printed, recorded, and the run ends with an error once the JSON is written); int8, held to int8's
