@@ -2,10 +2,11 @@
 model's learned positions. Each must stop with exit status 2 and a one-line message naming the argument and its value
 (no traceback), before anything is written to `--output_dir`.
 
-Every case goes through each script's `main`, which raises `ScriptInputError`; one case per script also runs on the
-command line as users see it (a subprocess: exit status, the one line on stderr, the output folder). Those stop before
-any model is loaded, so each is mostly the ~7 s of importing torch and transformers (the `cli_runs` fixture runs them
-two at a time), and the line they print is `run_cli`'s, the same for every case (tested directly below)."""
+Every case goes through each script's `main`, which raises `ScriptInputError`; one case per script also runs as the
+command users type (the script run as `__main__`: its exit status, the one line on stderr, the output folder). Those
+run in the one subprocess that also prints every script's `--help` (`script_runs`: one torch and transformers import,
+about 7 s, instead of one per command); they stop before any model is loaded, and the line they print is `run_cli`'s,
+the same for every case (tested directly below)."""
 
 import argparse
 import ast
@@ -14,7 +15,6 @@ import os
 import re
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,42 +113,27 @@ def data_dir(tmp_path_factory) -> Path:
     return folder
 
 
-def run_case(case: Case, data_dir: Path, root: Path) -> tuple[subprocess.CompletedProcess, Path]:
-    """Run `case` as a user would (repository root as working directory, no Hub); return the result and the
-    `--output_dir` it was given."""
-    output_dir = root / "output"
+def command_line(case: Case, data_dir: Path, root: Path) -> tuple[list[str], Path]:
+    """The command line of `case` (script path first) and the `--output_dir` it is given, under `root`; the output
+    folder and its marker are made here where the case says it exists."""
+    output_dir = root / case.id / "output"
     if case.existing_output:
         output_dir.mkdir(parents=True)
         (output_dir / "marker.txt").write_text(MARKER)
-    command = [
-        sys.executable, str(SCRIPT_PATHS[case.script]), *(arg.format(data=data_dir) for arg in case.args),
-        "--output_dir", str(output_dir), "--cache_dir", str(root / "cache"),
+    argv = [
+        str(SCRIPT_PATHS[case.script]), *(arg.format(data=data_dir) for arg in case.args),
+        "--output_dir", str(output_dir), "--cache_dir", str(root / case.id / "cache"),
     ]  # fmt: skip
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
-    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300), output_dir
-
-
-@pytest.fixture(scope="module")
-def cli_runs(request, data_dir, tmp_path_factory):
-    """Case id -> future of `run_case`, for the cases of this session's selected tests, run two at a time."""
-    parameters = [item.callspec.params for item in request.session.items if hasattr(item, "callspec")]
-    selected = {params["case"] for params in parameters if isinstance(params.get("case"), Case)}
-    root = tmp_path_factory.mktemp("cli")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        yield {
-            case.id: pool.submit(run_case, case, data_dir, root / case.id)
-            for case in COMMAND_LINE_CASES
-            if case in selected
-        }
+    return argv, output_dir
 
 
 @pytest.mark.parametrize("case", COMMAND_LINE_CASES, ids=lambda case: case.id)
-def test_bad_input_stops_with_a_one_line_message_before_writing_output(case, cli_runs, data_dir):
-    result, output_dir = cli_runs[case.id].result()
-    report = f"exit status {result.returncode}\nstderr:\n{result.stderr[-4000:]}"
-    assert result.returncode == 2, report
-    assert "Traceback" not in result.stderr, report
-    errors = [line for line in result.stderr.splitlines() if line.startswith(f"{case.script}: error: ")]
+def test_bad_input_stops_with_a_one_line_message_before_writing_output(case, script_runs, data_dir):
+    code, _, stderr, output_dir = script_runs[case.id]
+    report = f"exit status {code}\nstderr:\n{stderr[-4000:]}"
+    assert code == 2, report
+    assert "Traceback" not in stderr, report
+    errors = [line for line in stderr.splitlines() if line.startswith(f"{case.script}: error: ")]
     assert len(errors) == 1, report
     assert case.argument in errors[0] and case.value.format(data=data_dir) in errors[0], report
     if case.existing_output:
@@ -267,48 +252,61 @@ def test_every_script_says_what_it_does_and_how_long_it_takes(name):
     assert "script_parser(" in source
 
 
-# Runs each script as `python SCRIPT --help` does (`runpy`, as `__main__`, its own folder first on sys.path), all in
-# one subprocess: one interpreter start and one torch / transformers import instead of one per script.
-HELP_RUNNER = """
-import contextlib, io, json, os, runpy, sys
+# Runs each command as `python SCRIPT ARGS` does (`runpy`, as `__main__`, its own folder first on sys.path, Python's
+# default handling of an uncaught exception: a traceback on stderr and status 1), one after the other in one subprocess:
+# one interpreter start and one torch / transformers import instead of one per command.
+SCRIPT_RUNNER = """
+import contextlib, io, json, os, runpy, sys, traceback
 results = {}
-for path in sys.argv[1:]:
+for key, argv in json.loads(sys.argv[1]).items():
     out, err, code = io.StringIO(), io.StringIO(), 0
-    saved_path, sys.argv = list(sys.path), [path, "--help"]
-    sys.path.insert(0, os.path.dirname(path))
+    saved_path, sys.argv = list(sys.path), argv
+    sys.path.insert(0, os.path.dirname(argv[0]))
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            runpy.run_path(path, run_name="__main__")
+            runpy.run_path(argv[0], run_name="__main__")
         except SystemExit as exit_:
             code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-        except Exception as error:
-            code, _ = 1, err.write(repr(error))
+        except BaseException:
+            code = 1
+            traceback.print_exc()
     sys.path[:] = saved_path
-    results[os.path.basename(path)] = [code, out.getvalue(), err.getvalue()]
+    results[key] = [code, out.getvalue(), err.getvalue()]
 print(json.dumps(results))
 """
 
 
 @pytest.fixture(scope="module")
-def script_help() -> dict[str, tuple[int, str, str]]:
-    """`--help` of every script: name -> (exit status, stdout, stderr)."""
-    paths = [str(SCRIPT_PATHS[name]) for name in SCRIPTS_WITH_HELP]
-    result = subprocess.run([sys.executable, "-c", HELP_RUNNER, *paths], capture_output=True, text=True, cwd=ROOT)
+def script_runs(data_dir, tmp_path_factory) -> dict:
+    """`--help` of every script (name -> (exit status, stdout, stderr)) and the command-line cases (case id -> (exit
+    status, stdout, stderr, --output_dir)), all in one subprocess (`SCRIPT_RUNNER`), offline, from the repository
+    root as users run them."""
+    root = tmp_path_factory.mktemp("cli")
+    commands = {name: [str(SCRIPT_PATHS[name]), "--help"] for name in SCRIPTS_WITH_HELP}
+    output_dirs = {}
+    for case in COMMAND_LINE_CASES:
+        commands[case.id], output_dirs[case.id] = command_line(case, data_dir, root)
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT_RUNNER, json.dumps(commands)],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=600,
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.splitlines()[-1])
+    runs = json.loads(result.stdout.splitlines()[-1])
+    return {key: (*run, output_dirs[key]) if key in output_dirs else tuple(run) for key, run in runs.items()}
 
 
 @pytest.mark.parametrize("name", SCRIPTS_WITH_HELP)
-def test_every_script_prints_its_help(name, script_help):
+def test_every_script_prints_its_help(name, script_runs):
     """argparse %-formats each help text: a bare % in one (check_memory_growth.py had one) broke --help."""
-    code, stdout, stderr = script_help[name]
+    code, stdout, stderr = script_runs[name]
     assert code == 0, stderr
     assert stdout.startswith("usage: ")
 
 
 @pytest.mark.parametrize("name", ["run_classification.py", "run_seq2seq.py"])
-def test_help_starts_with_the_description(name, script_help):
-    code, stdout, _ = script_help[name]
+def test_help_starts_with_the_description(name, script_runs):
+    code, stdout, _ = script_runs[name]
     lines = stdout.splitlines()
     assert code == 0 and lines[0].endswith("[--option value ...]")
     assert "takes about" in " ".join(lines[1:5])
