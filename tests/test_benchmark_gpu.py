@@ -2,7 +2,9 @@
 line and writes nothing; its FLOP count agrees with a hand count and with torch's FLOP counter; its inputs are the real
 snippets with dynamic padding, the speeches as `seqbert.data` reads them, and packed rows that hold the padded batch's
 tokens and labels; and its whole run (torch.compile with the `aot_eager` backend) goes through on a tiny model on the CPU without `datasets`,
-from copies of the data files, as on the rented GPU machines. No timing is asserted: the machine is shared."""
+from copies of the data files, as on the rented GPU machines. No timing is asserted: the machine is shared. The whole
+run is a `benchmark_run` test, run on demand (`python -m pytest -m benchmark_run`, about 25 s of CPU): run it before
+taking the benchmark to a GPU machine."""
 
 import json
 import math
@@ -125,6 +127,7 @@ print("command-line helpers from", benchmark_gpu.ScriptInputError.__module__)
 """
 
 
+@pytest.mark.benchmark_run
 def test_the_whole_run_goes_through_on_the_cpu_without_datasets(tmp_path, minilm_path):
     data, tokenizer, output = tmp_path / "data", tmp_path / "tokenizer", tmp_path / "out"
     data.mkdir()
