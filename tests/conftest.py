@@ -48,8 +48,9 @@ from transformers import (
 )
 
 import seqbert
-from seqbert import attention_backends
+from seqbert import attention_backends, cpu_inference
 from seqbert.attention_backends import UnpaddedBatch
+from seqbert.cpu_inference import ROLES, CpuInferencePlan
 from seqbert.data import minilm_checkpoint_path, rotten_tomatoes_path
 from seqbert.input_checks import DeferredReads
 
@@ -351,6 +352,13 @@ def check_attention_dropout(device, dtype, p: float, sequences: int, keep: float
     expected = torch.einsum("snqk,snqd->sknd", *per_sequence).reshape(total, heads, length)  # sum over queries
     scale = expected.abs().max().item()
     assert (value.grad.float() - expected).abs().max().item() <= 8 * step * scale * length**0.5
+
+
+def pinned_cpu_plan(**precision) -> CpuInferencePlan:
+    """The plan tests run where they test the optimized path, not the choice (which depends on the machine's load):
+    the first kernel available for the precision (`linear_kernels_available(**precision)`), attention written out, 4
+    length groups (`test_every_plan_gives_berts_numbers` forces every other plan)."""
+    return CpuInferencePlan(dict.fromkeys(ROLES, cpu_inference.linear_kernels_available(**precision)[0]))
 
 
 def bert_base_width_config(**kwargs) -> BertConfig:

@@ -6,11 +6,10 @@ minutes."""
 import benchmark_long_attention  # noqa: E402  (scripts/benchmarks, on sys.path by conftest)
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import pinned_cpu_plan, tiny_config
 
 import seqbert
-from seqbert import cpu_inference
-from seqbert.cpu_inference import ROLES, CpuInferencePlan, onednn_available
+from seqbert.cpu_inference import onednn_available
 from seqbert.script_utils import ScriptInputError, parse_arguments, script_parser
 
 
@@ -49,8 +48,7 @@ def test_variant_layers_share_the_optimized_model_and_leave_it_alone():
     torch.manual_seed(0)
     model = seqbert.SeqBertModel(tiny_config(norm_placement="post")).eval()
     # A pinned plan with optimized layers: what the variant wraps, whatever the load on the machine would choose.
-    kernel = cpu_inference.linear_kernels_available()[0]
-    optimized = seqbert.optimize_for_cpu_inference(model, plan=CpuInferencePlan(dict.fromkeys(ROLES, kernel)))
+    optimized = seqbert.optimize_for_cpu_inference(model, plan=pinned_cpu_plan())
     variant = benchmark_long_attention.AttentionVariant("compiled_sdpa")
     wrapped = benchmark_long_attention.with_attention_variant(optimized, variant)
     for ours, theirs in zip(wrapped.encoder.layers, optimized.encoder.layers, strict=True):

@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import pinned_cpu_plan, tiny_config
 from transformers import BertForSequenceClassification, BertModel
 
 import seqbert
@@ -37,12 +37,6 @@ needs_onednn = pytest.mark.skipif(
 )
 
 
-def pinned(**precision) -> CpuInferencePlan:
-    """The plan these tests run where they test the optimized path, not the choice: the first kernel available for the
-    precision, attention written out, 4 length groups (`test_every_plan_gives_berts_numbers` forces every other one)."""
-    return CpuInferencePlan(dict.fromkeys(ROLES, cpu_inference.linear_kernels_available(**precision)[0]))
-
-
 def _mean_pooled(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     weights = mask[..., None].float()
     return (states * weights).sum(1) / weights.sum(1)
@@ -53,7 +47,7 @@ def _mean_pooled(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def test_fp32_optimized_model_computes_bert_on_real_text(minilm_path, tokenizer, rt_texts):
     bert = BertModel.from_pretrained(minilm_path).eval()
     model = seqbert.SeqBertModel.from_bert_pretrained(minilm_path).eval()
-    fast = seqbert.optimize_for_cpu_inference(model, plan=pinned())
+    fast = seqbert.optimize_for_cpu_inference(model, plan=pinned_cpu_plan())
     assert type(model.encoder.layers[0]).__name__ == "SeqBertPostNormLayer"  # the original is left as it was
     assert type(fast.encoder.layers[0]).__name__ == "CpuOptimizedSeqBertPostNormLayer"
     # Two batches of other sizes and lengths: nothing is prepared per shape.
@@ -78,7 +72,7 @@ def test_fp32_optimized_classifier_and_unpadded_batch(minilm_path, tokenizer, rt
     BertForSequenceClassification.from_pretrained(minilm_path, num_labels=2).save_pretrained(tmp_path / "cls")
     bert = BertForSequenceClassification.from_pretrained(tmp_path / "cls").eval()
     model = seqbert.SeqBertForSequenceClassification.from_bert_pretrained(tmp_path / "cls").eval()
-    fast = seqbert.optimize_for_cpu_inference(model, plan=pinned())
+    fast = seqbert.optimize_for_cpu_inference(model, plan=pinned_cpu_plan())
     for batch in (
         dict(tokenizer(rt_texts[:16], padding=True, return_tensors="pt")),
         dict(tokenizer(rt_texts[:1], return_tensors="pt")),  # no padding: the padded layout, fused layers alike
@@ -94,7 +88,7 @@ def test_int8_optimized_model_keeps_sentence_embeddings(minilm_path, tokenizer, 
     real = batch["attention_mask"].bool()
     bert = BertModel.from_pretrained(minilm_path).eval()
     int8 = seqbert.optimize_for_cpu_inference(
-        seqbert.SeqBertModel.from_bert_pretrained(minilm_path), int8=True, plan=pinned(int8=True)
+        seqbert.SeqBertModel.from_bert_pretrained(minilm_path), int8=True, plan=pinned_cpu_plan(int8=True)
     )
     expected, got = bert(**batch).last_hidden_state, int8(**batch).last_hidden_state
     delta = (got - expected)[real].abs()
@@ -109,7 +103,7 @@ def test_recorded_outputs_and_gradients(minilm_path, tokenizer, rt_texts):
     batch = dict(tokenizer(rt_texts[:4], padding=True, return_tensors="pt"))
     real = batch["attention_mask"].bool()
     model = seqbert.SeqBertModel.from_bert_pretrained(minilm_path).eval()
-    fast = seqbert.optimize_for_cpu_inference(model, plan=pinned())
+    fast = seqbert.optimize_for_cpu_inference(model, plan=pinned_cpu_plan())
     assert not any(p.requires_grad for p in fast.parameters())
     with torch.no_grad():
         outputs = fast(**batch, output_hidden_states=True)
@@ -120,7 +114,9 @@ def test_recorded_outputs_and_gradients(minilm_path, tokenizer, rt_texts):
     # Attention weights are recorded by a hook on the attention module: the layer's own forward runs there.
     eager = seqbert.SeqBertModel.from_bert_pretrained(minilm_path, attn_implementation="eager").eval()
     with torch.no_grad():
-        weights = seqbert.optimize_for_cpu_inference(eager, plan=pinned())(**batch, output_attentions=True).attentions
+        weights = seqbert.optimize_for_cpu_inference(eager, plan=pinned_cpu_plan())(
+            **batch, output_attentions=True
+        ).attentions
         expected = eager(**batch, output_attentions=True).attentions
     assert len(weights) == 6 and all(torch.equal(a, b) for a, b in zip(weights, expected, strict=True))
 
@@ -488,7 +484,7 @@ def test_bf16_optimized_model_tracks_bert_on_real_text(minilm_path, tokenizer, r
     bf16 (`.to(torch.bfloat16)`, what a user tries first): outputs fp32, zeros at padding, as close as the cast."""
     bert = BertModel.from_pretrained(minilm_path).eval()
     model = seqbert.SeqBertModel.from_bert_pretrained(minilm_path).eval()
-    fast = seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16, plan=pinned(dtype=torch.bfloat16))
+    fast = seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16, plan=pinned_cpu_plan(dtype=torch.bfloat16))
     cast = BertModel.from_pretrained(minilm_path, dtype=torch.bfloat16).eval()
     for texts in (rt_texts[:32], rt_texts[40:41]):  # padded (unpadded, length groups) and one row (padded layout)
         batch = dict(tokenizer(texts, padding=True, return_tensors="pt"))
@@ -515,7 +511,7 @@ def test_bf16_encoder_layers_and_fp32_fallbacks(norm_placement):
     model's own fp32 forward, exactly."""
     torch.manual_seed(0)
     model = seqbert.SeqBertModel(tiny_config(norm_placement=norm_placement, hidden_act="gelu")).eval()
-    fast = seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16, plan=pinned(dtype=torch.bfloat16))
+    fast = seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16, plan=pinned_cpu_plan(dtype=torch.bfloat16))
     ids = torch.randint(3, 99, (3, 9))
     mask = torch.ones(3, 9, dtype=torch.long)
     mask[1, 6:] = mask[2, 3:] = 0
@@ -545,7 +541,9 @@ def test_bf16_computes_in_bf16_with_eager_attention(minilm_path, tokenizer, rt_t
     deltas = {}
     for name in ("eager", "sdpa"):
         model = seqbert.SeqBertModel.from_bert_pretrained(minilm_path, attn_implementation=name).eval()
-        fast = seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16, plan=pinned(dtype=torch.bfloat16))
+        fast = seqbert.optimize_for_cpu_inference(
+            model, dtype=torch.bfloat16, plan=pinned_cpu_plan(dtype=torch.bfloat16)
+        )
         deltas[name] = (fast(**batch).last_hidden_state - expected)[real].abs()
     assert 0 < deltas["eager"].max() <= 0.1 and deltas["eager"].mean() <= 1.5 * deltas["sdpa"].mean(), deltas
 
@@ -556,7 +554,7 @@ def test_bf16_seq2seq_encoder_hands_fp32_layer_inputs_to_the_decoder(minilm_path
     """A same_layer BERT2BERT reads the hidden states entering each encoder layer: they come back fp32, and greedy
     generation from the bf16 encoder runs to the same length as from the fp32 one."""
     model = seqbert.SeqBertForConditionalGeneration.from_bert_pretrained(minilm_path).eval()
-    fast = seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16, plan=pinned(dtype=torch.bfloat16))
+    fast = seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16, plan=pinned_cpu_plan(dtype=torch.bfloat16))
     batch = dict(tokenizer(rt_texts[:4], padding=True, return_tensors="pt"))
     encoded = fast.get_encoder()(**batch)
     assert encoded.last_hidden_state.dtype == encoded.layer_inputs.dtype == torch.float32
@@ -575,17 +573,19 @@ def test_bf16_refused_without_a_bf16_linear_and_warned_without_bf16_instructions
         seqbert.optimize_for_cpu_inference(model, dtype="bfloat16")
     monkeypatch.setattr(optimized_model, "bf16_linear_available", lambda: False)
     with pytest.raises(RuntimeError, match=r"needs a CPU on which oneDNN runs bf16: AVX-512 .* capability '"):
-        seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16, plan=pinned(dtype=torch.bfloat16))
+        seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16, plan=pinned_cpu_plan(dtype=torch.bfloat16))
     if not bf16_linear_available():
         return
     monkeypatch.setattr(optimized_model, "bf16_linear_available", lambda: True)
     monkeypatch.setattr(optimized_model, "bf16_instructions_available", lambda: False)
     optimized_model._warn_no_bf16_instructions.cache_clear()
     with pytest.warns(UserWarning, match="this CPU has no bf16 instructions .* slower than dtype=torch.float32"):
-        seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16, plan=pinned(dtype=torch.bfloat16))
+        seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16, plan=pinned_cpu_plan(dtype=torch.bfloat16))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        seqbert.optimize_for_cpu_inference(model, dtype=torch.bfloat16, plan=pinned(dtype=torch.bfloat16))  # once
+        seqbert.optimize_for_cpu_inference(
+            model, dtype=torch.bfloat16, plan=pinned_cpu_plan(dtype=torch.bfloat16)
+        )  # once
 
 
 EMULATED = """
