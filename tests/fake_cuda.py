@@ -266,15 +266,16 @@ class SequenceLayout:
     The sequences of a batch as the variable-length kernel must be told them, computed by the harness from the batch
     itself (`of_batch`), independently of the code under test.
 
-    A static batch (`static_layout=True`, `StaticShapeCollator`'s) is told to the kernel as it is: every position a
-    token, every sequence slot (filler and empty ones too), and the bound `max_length_q` it states as `max_seqlen`,
-    which must be at least its longest sequence (the kernel does not check: `check_layout` does).
+    A static batch (`static_layout=True`, `StaticShapeCollator`'s) is told to the kernel as its layout states it: its
+    `cu_seqlens` (the real sequences, whose lengths must be the attention mask's rows', then filler and empty slots)
+    and the bound `max_seqlen`, which must be at least its longest sequence (the kernel does not check:
+    `check_layout` does).
 
     Attributes:
         lengths (`tuple[int, ...]`): the real tokens of each non-empty sequence, in input order (of a static batch:
             every slot's, 0 for an empty one).
         source (`str`): what they were computed from, for messages.
-        bound (`int`, *optional*): a static batch's stated `max_length_q`.
+        bound (`int`, *optional*): a static batch's stated `max_seqlen`.
     """
 
     lengths: tuple[int, ...]
@@ -315,9 +316,16 @@ class SequenceLayout:
         """
         reference = batch["input_ids"] if batch.get("input_ids") is not None else batch["inputs_embeds"][..., 0]
         if batch.get("static_layout"):
-            offsets = batch["cu_seq_lens_q"].tolist()
+            offsets = batch["cu_seqlens"].tolist()
             lengths = tuple(end - start for start, end in zip(offsets, offsets[1:], strict=False))
-            return cls(lengths, "static layout (cu_seq_lens_q, max_length_q)", batch["max_length_q"])
+            mask = batch["attention_mask"]
+            real = (mask.reshape(-1, mask.shape[-1]) != 0).sum(1).tolist()
+            if list(lengths[: len(real)]) != real:
+                raise LayoutMismatch(
+                    f"the static batch's cu_seqlens start with sequences of {list(lengths[: len(real)])} tokens, but "
+                    f"its attention_mask has rows of {real} real tokens"
+                )
+            return cls(lengths, "static layout (cu_seqlens, max_seqlen)", batch["max_seqlen"])
         length = reference.shape[-1]
         rows = reference.reshape(-1, length).shape[0]
         mask = batch.get("attention_mask")

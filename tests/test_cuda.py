@@ -27,7 +27,10 @@ import warnings
 
 import pytest
 import torch
-from benchmark_gpu import SYNC_WARNING  # scripts/benchmarks (on sys.path): the per-sync warning, not the one-off notice
+from benchmark_gpu import (  # scripts/benchmarks (on sys.path)
+    SYNC_WARNING,  # the per-sync warning, not the one-off notice
+    batch_shape,
+)
 from conftest import (
     SCRIPT_PATHS,
     bert_base_width_config,
@@ -380,7 +383,7 @@ def test_the_static_route_captures_inference_in_cuda_graphs(bert_folder, tokeniz
             return [compiled(**batch).last_hidden_state.clone() for batch in batches]
 
     recorded, skipped = _recorded_and_skipped(lambda: (run(), run()))  # warm-up, then record
-    shapes = {tuple(batch["input_ids"].shape) for batch in batches}
+    shapes = {batch_shape(batch) for batch in batches}
     assert skipped == 0 and recorded == len(shapes), (recorded, skipped, shapes)
     torch.cuda.synchronize()
     with warnings.catch_warnings(record=True) as caught:
@@ -404,6 +407,7 @@ def test_the_static_route_captures_training_in_cuda_graphs(bert_folder, tokenize
     _needs_the_flash_kernel()
     torch._dynamo.reset()
     model = seqbert.SeqBertForSequenceClassification.from_bert_pretrained(bert_folder).cuda().train()
+    model.config.problem_type = "single_label_classification"  # as the recipe sets it (else one more compilation)
     batches = _static_batches(model, tokenizer, rt_texts)
     compiled = torch.compile(model, mode="reduce-overhead")
     losses = []
@@ -417,7 +421,7 @@ def test_the_static_route_captures_training_in_cuda_graphs(bert_folder, tokenize
             model.zero_grad()
 
     recorded, skipped = _recorded_and_skipped(lambda: (run(), run(), run()))
-    shapes = {tuple(batch["input_ids"].shape) for batch in batches}
+    shapes = {batch_shape(batch) for batch in batches}
     assert skipped == 0 and recorded == 2 * len(shapes), (recorded, skipped, shapes)  # forward and backward
     assert all(torch.isfinite(loss) for loss in losses)
 

@@ -556,8 +556,9 @@ def test_a_static_training_step_reads_nothing(tokenizer, rt_texts, name):
     batch = _static_batch(tokenizer, rt_texts, name, config)
     run = dry_run(STATIC_HEADS[name], config, batch, host_syncs=0)
     assert run.output.loss.shape == () and run.output.loss.device.type == "cuda"
-    assert run.layout.num_tokens == batch["input_ids"].shape[1] and run.layout.max_seqlen == 64
-    assert run.layout.num_sequences == batch["cu_seq_lens_q"].numel() - 1 > 8
+    assert run.layout.num_tokens == batch["indices"].numel() and run.layout.max_seqlen == 64
+    rows = batch["attention_mask"].reshape(-1, 64).shape[0]  # every example's (every choice's) sequence, then filler
+    assert run.layout.num_sequences == batch["cu_seqlens"].numel() - 1 > rows
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["bf16 weights", "fp32 weights under bf16 autocast"])
@@ -567,12 +568,12 @@ def test_static_inference_and_autocast_read_nothing(tokenizer, rt_texts, autocas
     batch = _static_batch(tokenizer, rt_texts, "sequence", config)
     if autocast:
         run = dry_run(STATIC_HEADS["sequence"], config, batch, torch.float32, autocast=True, host_syncs=0)
-        assert run.output.logits.shape == (batch["cu_seq_lens_q"].numel() - 1, 3)
+        assert run.output.logits.shape == (8, 3)  # one row per example
     else:
         inputs = {k: v for k, v in batch.items() if k != "labels"}
         run = dry_run(seqbert.SeqBertModel, config, inputs, train=False, host_syncs=0)
         assert run.output.last_hidden_state.shape == (*batch["input_ids"].shape, 64)
-        assert run.output.pooler_output.shape == (batch["cu_seq_lens_q"].numel() - 1, 64)
+        assert run.output.pooler_output.shape == (8, 64)
 
 
 @pytest.fixture
@@ -583,12 +584,12 @@ def static_step(tokenizer, rt_texts):
 
 
 def test_a_static_batch_whose_bound_is_below_a_sequence_fails(static_step):
-    """Planted: `max_length_q` one below the longest snippet (a collator that fixed the bound wrongly): the kernel
+    """Planted: `max_seqlen` one below the longest snippet (a collator that fixed the bound wrongly): the kernel
     would compute part of that sequence only, without an error."""
     batch, step = static_step
-    offsets = batch["cu_seq_lens_q"].tolist()
+    offsets = batch["cu_seqlens"].tolist()
     longest = max(end - start for start, end in zip(offsets, offsets[1:], strict=False))
-    wrong = {**batch, "max_length_q": longest - 1, "max_length_k": longest - 1}
+    wrong = {**batch, "max_seqlen": longest - 1}
     with pytest.raises(fake_cuda.LayoutMismatch, match=f"the batch holds a sequence of {longest} tokens"):
         step(wrong)
 

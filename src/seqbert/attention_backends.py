@@ -247,18 +247,20 @@ class UnpaddedBatch:
     shortcut, exact): as a key it is masked out (weight exactly 0 after the softmax, times a finite value of the same
     sequence), and as a query its output is never read, so neither results nor gradients change.
 
-    A *static* batch (`from_static_layout`, what `StaticShapeCollator` builds for CUDA graphs) is one packed row
-    whose every position is a token of some sequence (filler sequences included), whose `cu_seqlens` may repeat an
-    offset (empty sequences, to fix S), and whose `max_seqlen` is a bound given with the batch (at least the longest
-    sequence), so that every size is known without reading the device.
+    A *static* batch (`from_static_layout`, what `StaticShapeCollator` builds for CUDA graphs) is a padded batch whose
+    layout came with it, computed on the CPU: T is a bucket's token count, the real tokens followed by filler tokens
+    (each `indices` entry of a filler token is B x L, one past the grid: a zero row when unpadding, dropped when
+    padding), `cu_seqlens` may repeat an offset (empty sequences, to fix S), and `max_seqlen` is a bound given with the
+    batch (at least the longest sequence), so that every size is known without reading the device.
 
     Attributes:
-        indices (`torch.LongTensor` of shape `(T,)`, or None): flat input positions `b * L + l` of the real tokens, in
-            order; None where every position is one (a static batch: unpadding and padding are views).
+        indices (`torch.LongTensor` of shape `(T,)`): flat input positions `b * L + l` of the real tokens, in order
+            (a static batch's filler tokens: B x L, see `filler`).
         input_shape (`tuple[int, int]`): (B, L).
         cu_seqlens (`torch.IntTensor` of shape `(S + 1,)`): int32 cumulative sequence lengths, from 0 to T.
         max_seqlen (`int`): the longest sequence's length, L_max (a static batch: a bound on it).
         packed (`bool`): some row holds more than one sequence.
+        filler (`bool`): a static batch: `indices` may hold B x L, the position of filler tokens outside the grid.
         token_sequence (`torch.LongTensor` of shape `(T,)`): each real token's sequence, 0 .. S-1 (computed on first
             use: variable-length attention never needs it).
         varlen (`bool`): attention runs `varlen_attention_forward` on `cu_seqlens` (see `varlen_attention_applies`);
@@ -271,11 +273,12 @@ class UnpaddedBatch:
             each flat attention position holds: its own, or after a sequence's end that sequence's first.
     """
 
-    indices: torch.Tensor | None
+    indices: torch.Tensor
     input_shape: tuple[int, int]
     cu_seqlens: torch.Tensor
     max_seqlen: int
     packed: bool
+    filler: bool = False
     varlen: bool = False
     attention_mask: torch.Tensor | None = None
     attention_indices: torch.Tensor | None = None
@@ -368,25 +371,25 @@ class UnpaddedBatch:
 
     @classmethod
     def from_static_layout(
-        cls, cu_seqlens: torch.Tensor, max_seqlen: int, input_shape: tuple[int, int]
+        cls, indices: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, input_shape: tuple[int, int]
     ) -> "UnpaddedBatch":
         """
         The layout of a static batch (see the class docstring), as given with it: reads nothing on the host, builds
-        nothing on the device. The caller vouches for it (`StaticShapeCollator` checked it on the CPU).
+        nothing on the device. The caller vouches for it (`StaticShapeCollator` computed it on the CPU).
 
         Args:
-            cu_seqlens (`torch.IntTensor` of shape `(S + 1,)`): int32 offsets from 0 to T = B x L, non-decreasing
-                (a repeated offset is an empty sequence).
+            indices (`torch.LongTensor` of shape `(T,)`): the flat grid position of each token, in order, B x L for a
+                filler token.
+            cu_seqlens (`torch.IntTensor` of shape `(S + 1,)`): int32 offsets from 0 to T, non-decreasing (a repeated
+                offset is an empty sequence).
             max_seqlen (`int`): at least the longest sequence's length.
-            input_shape (`tuple[int, int]`): (B, L) of the inputs, every position a token.
+            input_shape (`tuple[int, int]`): (B, L) of the inputs.
         """
-        return cls(indices=None, input_shape=input_shape, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, packed=True)
+        return cls(indices, input_shape, cu_seqlens, max_seqlen, packed=True, filler=True)
 
     @property
     def num_tokens(self) -> int:
-        """T, the number of real tokens."""
-        if self.indices is None:
-            return self.input_shape[0] * self.input_shape[1]
+        """T, the number of real tokens (a static batch's filler tokens included)."""
         return self.indices.numel()
 
     @property
@@ -439,21 +442,19 @@ class UnpaddedBatch:
         return self.attention_mask[:, None, None, :].expand(num_sequences, 1, max_length, max_length)
 
     def unpad(self, padded: torch.Tensor) -> torch.Tensor:
-        """(B, L, ...) in the input layout -> (1, T, ...): the real tokens' rows."""
-        rows = padded.reshape(1, -1, *padded.shape[2:])
-        return rows if self.indices is None else rows.squeeze(0).index_select(0, self.indices).unsqueeze(0)
+        """(B, L, ...) in the input layout -> (1, T, ...): the real tokens' rows (a filler token's: zeros)."""
+        rows = padded.reshape(-1, *padded.shape[2:])  # (B * L, ...)
+        if self.filler:
+            rows = torch.cat([rows, rows.new_zeros(1, *rows.shape[1:])])  # position B * L: the filler's zeros
+        return rows.index_select(0, self.indices).unsqueeze(0)
 
     def pad(self, unpadded: torch.Tensor) -> torch.Tensor:
-        """(1, T, ...) -> (B, L, ...) in the input layout, zeros at padding."""
-        if self.indices is None:
-            return unpadded.view(*self.input_shape, *unpadded.shape[2:])
-        rows = unpadded.new_zeros(self.input_shape[0] * self.input_shape[1], *unpadded.shape[2:])
-        return rows.index_copy_(0, self.indices, unpadded.squeeze(0)).view(*self.input_shape, *unpadded.shape[2:])
-
-    def first_tokens(self, unpadded: torch.Tensor) -> torch.Tensor:
-        """(1, T, ...) -> (S, ...): each sequence's first token, by a gather of fixed size (an empty sequence's row is
-        another token's, or the last token's at the end: it stands for no sequence)."""
-        return unpadded.squeeze(0).index_select(0, self.cu_seqlens[:-1].clamp(max=self.num_tokens - 1))
+        """(1, T, ...) -> (B, L, ...) in the input layout, zeros at padding (a static batch's filler tokens are
+        written one past the grid, then dropped)."""
+        positions = self.input_shape[0] * self.input_shape[1]
+        rows = unpadded.new_zeros(positions + int(self.filler), *unpadded.shape[2:])
+        rows.index_copy_(0, self.indices, unpadded.squeeze(0))
+        return rows[:positions].view(*self.input_shape, *unpadded.shape[2:])
 
     def to_attention_layout(self, unpadded: torch.Tensor) -> torch.Tensor:
         """(1, T, ...) -> (S, L_max, ...), one sequence per row; after a sequence's end, its first token again."""

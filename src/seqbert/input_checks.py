@@ -408,49 +408,48 @@ def packed_sequence_ids(
     return None if sequence_ids is None else sequence_ids.expand(batch_size, seq_len)
 
 
-def check_static_layout(input_ids, inputs_embeds, attention_mask, kwargs: dict) -> tuple[torch.Tensor, int]:
+# What a static batch (`static_layout=True`) carries besides a padded batch's tensors: its layout, computed on the CPU.
+STATIC_LAYOUT_KEYS = ("indices", "cu_seqlens", "max_seqlen")
+
+
+def check_static_layout(kwargs: dict) -> tuple[torch.Tensor, torch.Tensor, int]:
     """
-    The arguments of a static batch (`static_layout=True`, as `StaticShapeCollator` builds it: one packed row, every
-    position a token of some sequence, `cu_seq_lens_q` with S + 1 int32 offsets from 0 to T, `max_length_q` a bound
-    on the longest sequence), checked by type and shape only: the collator checked their values on the CPU, and the
-    forward reads nothing on the host.
+    The layout a static batch carries (`static_layout=True`, as `StaticShapeCollator` builds it: a padded batch
+    (B, L), plus `indices` (T,) int64, the flat position `b * L + l` of each token of the layout, B x L for a filler
+    token; `cu_seqlens` (S + 1,) int32 offsets from 0 to T; `max_seqlen`, an int bound on the longest sequence),
+    taken out of `kwargs` and checked by type and shape only: the collator computed and checked the values on the
+    CPU, and the forward reads nothing on the host.
 
     Returns:
-        `(cu_seq_lens_q, max_length_q)`.
+        `(indices, cu_seqlens, max_seqlen)`.
 
     Raises:
-        TypeError: `cu_seq_lens_q` is not an int32 tensor, or `max_length_q` not an int.
-        ValueError: either is missing, `cu_seq_lens_q` is not 1-D with at least 2 offsets, `max_length_q` < 1, the
-            inputs are not one row, or an `attention_mask` is given (a static row has no padding).
+        TypeError: `indices` is not an int64 tensor, `cu_seqlens` not an int32 one, or `max_seqlen` not an int.
+        ValueError: one of the three is missing, `indices` is not 1-D, `cu_seqlens` is not 1-D with at least 2
+            offsets, or `max_seqlen` < 1.
     """
-    cu_seq_lens, max_length = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
-    if cu_seq_lens is None or max_length is None:
+    indices, cu_seqlens, max_seqlen = (kwargs.pop(key, None) for key in STATIC_LAYOUT_KEYS)
+    if indices is None or cu_seqlens is None or max_seqlen is None:
+        given = {"indices": indices, "cu_seqlens": cu_seqlens, "max_seqlen": max_seqlen}
+        missing = ", ".join(name for name, value in given.items() if value is None)
         raise ValueError(
-            "static_layout=True needs cu_seq_lens_q (S + 1 int32 offsets) and max_length_q (an int bound on the "
-            f"longest sequence); got cu_seq_lens_q={'given' if cu_seq_lens is not None else None}, "
-            f"max_length_q={max_length!r}: build the batch with seqbert.StaticShapeCollator"
+            f"static_layout=True needs indices, cu_seqlens and max_seqlen (the layout computed with the batch); "
+            f"{missing} missing: build the batch with seqbert.StaticShapeCollator"
         )
-    check_tensor("cu_seq_lens_q", cu_seq_lens, "any", (1,), "(num_sequences + 1,)")
-    if cu_seq_lens.dtype != torch.int32 or cu_seq_lens.numel() < 2:
+    check_tensor("indices", indices, "any", (1,), "(num_tokens,)")
+    if indices.dtype != torch.int64:
+        raise TypeError(f"indices must be int64 (flat grid positions), got {indices.dtype}")
+    check_tensor("cu_seqlens", cu_seqlens, "any", (1,), "(num_sequences + 1,)")
+    if cu_seqlens.dtype != torch.int32 or cu_seqlens.numel() < 2:
         raise TypeError(
-            f"cu_seq_lens_q must be int32 with at least 2 offsets (the variable-length kernel's type), got "
-            f"{cu_seq_lens.dtype} with {cu_seq_lens.numel()}"
+            f"cu_seqlens must be int32 with at least 2 offsets (the variable-length kernel's type), got "
+            f"{cu_seqlens.dtype} with {cu_seqlens.numel()}"
         )
-    if isinstance(max_length, bool) or not isinstance(max_length, int):
-        raise TypeError(f"max_length_q must be an int (a static bound, known on the host), got {max_length!r}")
-    if max_length < 1:
-        raise ValueError(f"max_length_q ({max_length}) must be at least 1")
-    reference = input_ids if input_ids is not None else inputs_embeds
-    if reference is not None and reference.shape[0] != 1:
-        raise ValueError(
-            f"static_layout=True takes one packed row, (1, total_tokens); got inputs of shape {tuple(reference.shape)}"
-        )
-    if attention_mask is not None:
-        raise ValueError(
-            "static_layout=True takes no attention_mask: every position of a static row is a token of some sequence "
-            "(cu_seq_lens_q says which)"
-        )
-    return cu_seq_lens, max_length
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int):
+        raise TypeError(f"max_seqlen must be an int (a static bound, known on the host), got {max_seqlen!r}")
+    if max_seqlen < 1:
+        raise ValueError(f"max_seqlen ({max_seqlen}) must be at least 1")
+    return indices, cu_seqlens, max_seqlen
 
 
 # How SeqBertDecoder's arguments are named in messages: as SeqBertForConditionalGeneration.forward calls them (with

@@ -866,15 +866,15 @@ class SeqBertPreTrainedModel(PreTrainedModel):
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-def static_batch(input_ids, inputs_embeds, attention_mask, kwargs: dict) -> UnpaddedBatch | None:
-    """The layout of a static batch (`static_layout=True` in `kwargs`, which is removed), as its collator gave it
+def static_batch(input_ids, inputs_embeds, kwargs: dict) -> UnpaddedBatch | None:
+    """The layout of a static batch (`static_layout=True` in `kwargs`), as its collator gave it, taken out of `kwargs`
     (`UnpaddedBatch.from_static_layout`, checked by type and shape: `check_static_layout`); None for any other batch
     (`static_layout` False or absent)."""
     if not kwargs.pop("static_layout", None):
         return None
-    cu_seq_lens, max_length = check_static_layout(input_ids, inputs_embeds, attention_mask, kwargs)
+    indices, cu_seqlens, max_seqlen = check_static_layout(kwargs)
     reference = input_ids if input_ids is not None else inputs_embeds
-    return UnpaddedBatch.from_static_layout(cu_seq_lens, max_length, tuple(reference.shape[:2]))
+    return UnpaddedBatch.from_static_layout(indices, cu_seqlens, max_seqlen, tuple(reference.shape[:2]))
 
 
 @dataclass
@@ -947,13 +947,13 @@ class SeqBertModel(SeqBertPreTrainedModel):
                 the sequence boundaries instead of `position_ids`.
             deferred_reads (`DeferredReads`, *optional*): a task head's checks of its own arguments (labels) and
                 scalars it needs on the host, read in the encoder's one host read, before the encoder runs.
-            static_layout (`bool`, *optional*): what `StaticShapeCollator` adds to its batches. True: the inputs are
-                one packed row of fixed size, `cu_seq_lens_q` (int32, S + 1 offsets, an offset repeated for an empty
-                sequence) and `max_length_q` (an int bound on the longest sequence) describe it, and the collator
-                checked every value on the CPU: the forward reads nothing on the host (no sync on a GPU) and every
-                shape is the batch's, so a CUDA graph can capture it. `pooler_output` is then (S, H), one row per
-                sequence. False: a batch the collator could not fit (beyond its ladder), laid out as usual; under
-                `torch.compile` the model runs it eagerly, outside any graph.
+            static_layout (`bool`, *optional*): what `StaticShapeCollator` adds to its batches. True: the batch is
+                the padded batch of its examples (B, L), and carries its layout, computed and checked on the CPU:
+                `indices` (int64, T, each token's flat position, B x L for filler), `cu_seqlens` (int32, S + 1 offsets,
+                an offset repeated for an empty sequence) and `max_seqlen` (an int bound on the longest sequence). The
+                forward reads nothing on the host (no sync on a GPU) and every shape is the batch's, so a CUDA graph
+                can capture it; the outputs are the padded batch's. False: a batch the collator could not fit (beyond
+                its ladder), laid out as usual; under `torch.compile` the model runs it eagerly, outside any graph.
             output_hidden_states, output_attentions, return_dict: as in every transformers model.
 
         Returns:
@@ -976,12 +976,12 @@ class SeqBertModel(SeqBertPreTrainedModel):
         # Every value check, a head's included, is read on the host together with the unpadded layout: one sync. A
         # static batch's values were checked by its collator on the CPU: nothing is read.
         reads = DeferredReads() if deferred_reads is None else deferred_reads
-        static = static_batch(input_ids, inputs_embeds, attention_mask, kwargs)
         value_checks = []
         check_encoder_inputs(
             self.config, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, value_checks
         )
         reads.checks[:0] = value_checks
+        static = static_batch(input_ids, inputs_embeds, kwargs)
         unpadded, sequence_ids, all_real = self._unpadded_batch(
             input_ids, inputs_embeds, attention_mask, position_ids, reads, kwargs, static
         )
@@ -1017,11 +1017,7 @@ class SeqBertModel(SeqBertPreTrainedModel):
             sequence_output, layer_inputs = self._encode_unpadded(
                 unpadded, input_ids, token_type_ids, position_ids, inputs_embeds, layer_inputs, **kwargs
             )
-        pooled_output = None
-        if self.pooler is not None and static is not None:  # (S, H): each sequence's first token, a fixed-size gather
-            pooled_output = self.pooler(static.first_tokens(sequence_output)[:, None])
-        elif self.pooler is not None:
-            pooled_output = self.pooler(sequence_output)  # (B, H)
+        pooled_output = self.pooler(sequence_output) if self.pooler is not None else None  # (B, H)
         stacked = torch.stack(layer_inputs[: self.config.num_decoder_layers], dim=1) if layer_inputs else None
         return SeqBertModelOutput(last_hidden_state=sequence_output, pooler_output=pooled_output, layer_inputs=stacked)
 
@@ -1050,7 +1046,8 @@ class SeqBertModel(SeqBertPreTrainedModel):
         (`varlen_attention_applies`); elsewhere attention lays the tokens out per sequence.
 
         A static batch (`static`, its layout as given) reads nothing, eagerly as under `torch.compile`: its values
-        were checked on the CPU, and its sizes are its shapes.
+        were checked on the CPU, and its sizes are its shapes. Where the unpadded path does not apply (eager attention,
+        per-layer outputs) it runs the padded path, as the padded batch it is.
         """
         eligible = self.config._attn_implementation == "sdpa" and (static is not None or eager_execution())
         eligible = eligible and (attention_mask is None or attention_mask.dim() == 2)
@@ -1059,9 +1056,9 @@ class SeqBertModel(SeqBertPreTrainedModel):
             for name in ("output_hidden_states", "output_attentions")
         )
         if static is not None:
-            reads.values = None
-            if not eligible:  # the padded path, each sequence attending within itself
-                return None, packed_sequence_ids(self.config, input_ids, inputs_embeds, None, kwargs, []), False
+            reads.values = None  # nothing is read: its collator checked the values
+            if not eligible:  # the padded path, on its attention_mask
+                return None, None, False
             return self._attention_layout(static, input_ids, inputs_embeds), None, False
         if not eligible:
             reads.values = read_on_host(reads.checks, reads.scalars) if eager_execution() else None
@@ -1378,39 +1375,25 @@ def read_count(reads: DeferredReads, index: int | None) -> int | None:
     return None if index is None or not reads.values else reads.values[index]
 
 
-def static_rows(kwargs: dict) -> int | None:
-    """S, the sequences of a static batch (`static_layout=True` in `kwargs`: `cu_seq_lens_q` holds S + 1 offsets),
-    known from a shape; None for any other batch."""
-    if not kwargs.get("static_layout") or kwargs.get("cu_seq_lens_q") is None:
-        return None
-    return kwargs["cu_seq_lens_q"].shape[0] - 1
-
-
-def static_float_loss(labels: torch.Tensor, logits: torch.Tensor, config: SeqBertConfig) -> torch.Tensor:
+def mask_beyond_longest(logits: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """
-    Regression or multi-label classification over a static batch's sequences, whose filler rows carry NaN targets
-    (`StaticShapeCollator`'s convention, as -100 for class ids): the mean over the real rows of what
-    `ForSequenceClassificationLoss` computes (squared error, or BCE with logits), with fixed shapes and no host read.
+    A static batch's span logits as its dynamically padded batch has them: the static batch is padded to its bucket's
+    width, so the columns beyond its longest sequence, which the dynamically padded batch does not have, hold the
+    dtype's minimum (they take no probability). No host read.
 
     Args:
-        labels (`torch.FloatTensor` of shape `(S,)` or `(S, C)`): targets, NaN on filler rows.
-        logits (`torch.FloatTensor` of shape `(S, C)`).
-        config (`SeqBertConfig`): `num_labels` and `problem_type` (set as transformers sets it where None).
+        logits (`torch.Tensor` of shape `(B, L, ...)`).
+        attention_mask (`torch.Tensor` of shape `(B, L)`, *optional*): 1 for real tokens; None: every position real.
 
     Returns:
-        A float32 scalar (0.0 where every row is filler).
+        `(logits, longest)`: `longest` the longest sequence's length, a 0-dim int64 tensor on the logits' device.
     """
-    if config.problem_type is None:
-        config.problem_type = "regression" if config.num_labels == 1 else "multi_label_classification"
-    if labels.dim() == 1:  # (S,): one target a sequence, num_labels == 1
-        labels = labels[:, None]
-    real = ~labels.isnan()
-    targets = labels.nan_to_num(0.0)
-    if config.problem_type == "regression":
-        terms = (logits - targets) ** 2
-    else:
-        terms = nn.functional.binary_cross_entropy_with_logits(logits, targets, reduction="none")
-    return torch.where(real, terms, 0.0).sum() / real.sum().clamp(min=1)
+    if attention_mask is None:
+        return logits, torch.tensor(logits.shape[1], device=logits.device)
+    longest = attention_mask.sum(-1).max()
+    beyond = torch.arange(logits.shape[1], device=logits.device) >= longest  # (L,)
+    beyond = beyond.view(1, -1, *([1] * (logits.dim() - 2)))
+    return logits.masked_fill(beyond, torch.finfo(logits.dtype).min), longest
 
 
 def _classifier_dropout(config: SeqBertConfig) -> nn.Dropout:
@@ -1462,7 +1445,7 @@ class SeqBertForMaskedLM(SeqBertPreTrainedModel):
         reads, counted = DeferredReads(), None
         shape = input_batch_shape(input_ids, inputs_embeds)
         sparse = labels is not None and shape is not None and self.config.sparse_prediction
-        static = static_rows(kwargs) is not None
+        static = kwargs.get("static_layout") is True
         max_predictions = kwargs.pop("max_predictions", None)  # a static batch's bound on M
         if sparse and static and (isinstance(max_predictions, bool) or not isinstance(max_predictions, int)):
             raise ValueError(
@@ -1550,18 +1533,14 @@ class SeqBertForSequenceClassification(SeqBertPreTrainedModel):
                 ids not integer, shaped other than `(B,)`, or outside `[0, num_labels)` (-100 takes no loss);
                 regression targets not `(B,)` (`num_labels == 1`) or `(B, C)`; multi-label targets not `(B, C)` or
                 outside [0, 1]. Integer regression and multi-label targets are converted to float.
-
-        A static batch (`static_layout=True`, `StaticShapeCollator`) has one row of `logits` per sequence slot, (S, C),
-        and `labels` (S,) or (S, C): -100 (class ids) or NaN (float targets) on filler slots, which take no loss.
         """
         reads, counted = DeferredReads(), None  # labels are checked in the encoder's one host read, before it runs
         shape = input_batch_shape(input_ids, inputs_embeds)
-        rows = static_rows(kwargs)  # a static batch: one row of logits a sequence
         if labels is not None and shape is not None:
             labels = check_sequence_classification_labels(
-                labels, (shape[0] if rows is None else rows, self.num_labels), self.config.problem_type, reads.checks
+                labels, (shape[0], self.num_labels), self.config.problem_type, reads.checks
             )
-            if not labels.is_floating_point() and rows is None:  # single-label: a cross-entropy over class ids
+            if not labels.is_floating_point():  # single-label: a cross-entropy over class ids
                 counted = count_labelled(reads, labels != IGNORE_INDEX, kwargs)
         outputs = self.seqbert(
             input_ids,
@@ -1573,11 +1552,9 @@ class SeqBertForSequenceClassification(SeqBertPreTrainedModel):
             return_dict=True,
             **kwargs,
         )
-        logits = self.classifier(self.dropout(outputs.pooler_output))  # (B, C); a static batch's (S, C)
+        logits = self.classifier(self.dropout(outputs.pooler_output))  # (B, C)
         loss = None
-        if labels is not None and rows is not None and labels.is_floating_point():
-            loss = static_float_loss(labels, logits.float(), self.config)  # filler rows: NaN targets
-        elif labels is not None:
+        if labels is not None:
             divisor = loss_divisor(  # single-label only
                 labels, kwargs.pop("num_items_in_batch", None), labelled=read_count(reads, counted)
             )
@@ -1621,8 +1598,7 @@ class SeqBertForTokenClassification(SeqBertPreTrainedModel):
             labels = check_labels(
                 "labels", labels, (*shape, self.num_labels), self.num_labels, "num_labels", True, reads.checks
             )
-            if static_rows(kwargs) is None:  # a static batch's loss counts its labels on the device
-                counted = count_labelled(reads, labels != IGNORE_INDEX, kwargs)
+            counted = count_labelled(reads, labels != IGNORE_INDEX, kwargs)
         outputs = self.seqbert(
             input_ids,
             attention_mask=attention_mask,
@@ -1680,9 +1656,9 @@ class SeqBertForQuestionAnswering(SeqBertPreTrainedModel):
         cross-entropies (float32) as `loss` when both positions are given; a side whose positions all lie beyond L
         contributes 0.0 (BERT: NaN), see `loss_divisor`.
 
-        A static batch (`static_layout=True`, `StaticShapeCollator`): `start_logits` and `end_logits` are
-        (S, max_length_q), one row per sequence slot laid out as the tokenizer-padded batch of the same sequences holds
-        them (`_per_sequence`), positions (S,) per slot; filler slots' positions lie beyond every sequence (ignored).
+        A static batch (`static_layout=True`, `StaticShapeCollator`) is padded to its bucket's width: the columns
+        beyond its longest sequence hold the dtype's minimum and positions there are ignored, as the dynamically
+        padded batch of the same examples, which has no such columns (`mask_beyond_longest`).
 
         Raises:
             TypeError, ValueError: as `SeqBertModel.forward`; only one of `start_positions` / `end_positions`;
@@ -1690,9 +1666,8 @@ class SeqBertForQuestionAnswering(SeqBertPreTrainedModel):
         """
         reads = DeferredReads()  # the positions' values are checked in the encoder's one host read, before it runs
         shape = input_batch_shape(input_ids, inputs_embeds)
-        rows = static_rows(kwargs)  # a static batch: start and end logits a sequence
         if shape is not None:
-            check_answer_positions(start_positions, end_positions, shape[0] if rows is None else rows, reads.checks)
+            check_answer_positions(start_positions, end_positions, shape[0], reads.checks)
         outputs = self.seqbert(
             input_ids,
             attention_mask=attention_mask,
@@ -1705,8 +1680,8 @@ class SeqBertForQuestionAnswering(SeqBertPreTrainedModel):
         )
         logits = self.qa_outputs(outputs.last_hidden_state)  # (B, L, 2)
         longest = None
-        if rows is not None:
-            logits, longest = self._per_sequence(logits, kwargs["cu_seq_lens_q"], kwargs["max_length_q"])
+        if kwargs.get("static_layout") is True:
+            logits, longest = mask_beyond_longest(logits, attention_mask)
         start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))  # 2 x (B, L)
         loss = None
         if start_positions is not None:
@@ -1727,28 +1702,6 @@ class SeqBertForQuestionAnswering(SeqBertPreTrainedModel):
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
-
-    def _per_sequence(
-        self, logits: torch.Tensor, cu_seqlens: torch.Tensor, max_length: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """
-        A static batch's (1, T, 2) logits laid out as the tokenizer-padded batch of the same sequences holds them:
-        (S, max_length, 2), sequence s in row s from column 0, then up to the longest sequence the logits of a zero
-        hidden state (what the padded batch's padding gives, its hidden states being zero there), then -inf (columns
-        the padded batch does not have: they take no probability). Fixed-size gathers, no host read.
-
-        Returns:
-            `(logits (S, max_length, 2), longest)`, `longest` the longest sequence's length as a 0-dim device tensor.
-        """
-        flat = logits.reshape(-1, logits.shape[-1])  # (T, 2)
-        lengths = cu_seqlens.diff()  # (S,)
-        column = torch.arange(max_length, device=flat.device)
-        index = (cu_seqlens[:-1, None].long() + column).clamp(max=flat.shape[0] - 1)  # (S, max_length)
-        laid_out = flat.index_select(0, index.reshape(-1)).view(-1, max_length, flat.shape[-1])
-        longest = lengths.max()
-        padding = self.qa_outputs(flat.new_zeros(1, self.config.hidden_size))  # (1, 2)
-        beyond = torch.where((column < longest)[:, None], padding, torch.finfo(flat.dtype).min)  # (max_length, 2)
-        return torch.where((column < lengths[:, None])[..., None], laid_out, beyond), longest
 
 
 class SeqBertForMultipleChoice(SeqBertPreTrainedModel):
@@ -1782,38 +1735,22 @@ class SeqBertForMultipleChoice(SeqBertPreTrainedModel):
 
         Raises:
             TypeError, ValueError: as `SeqBertModel.forward` (inputs not 3-D (4-D embeddings), a dimension of 0,
-                the other inputs not shaped like them), and for `labels` not integer, not `(B,)`, or outside `[0, num_choices)` (-100
-                takes no loss); a static batch without an int `num_choices` that divides its sequences.
-
-        A static batch (`static_layout=True`, `StaticShapeCollator`) is one packed row whose sequence slots hold each
-        question's `num_choices` choices one after the other (filler questions last, labels -100).
+                the other inputs not shaped like them), and for `labels` not integer, not `(B,)`, or outside
+                `[0, num_choices)` (-100 takes no loss).
         """
-        rows = static_rows(kwargs)  # a static batch: the choices of each question are consecutive sequences
-        static_choices = kwargs.pop("num_choices", None)
-        if rows is None:
-            check_multiple_choice_inputs(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-            batch_size, num_choices = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
-        elif isinstance(static_choices, int) and not isinstance(static_choices, bool) and static_choices >= 1:
-            if rows % static_choices:
-                raise ValueError(f"num_choices ({static_choices}) must divide the static batch's {rows} sequences")
-            batch_size, num_choices = rows // static_choices, static_choices
-        else:
-            raise ValueError(
-                f"a static batch (static_layout=True) needs num_choices, an int >= 1 (StaticShapeCollator adds it); "
-                f"got {static_choices!r}"
-            )
+        check_multiple_choice_inputs(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        batch_size, num_choices = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
 
         def flat(t: torch.Tensor | None, trailing: int) -> torch.Tensor | None:
-            # (B, num_choices, ...) -> (B * num_choices, ...); a static batch is one packed row already
-            return t if t is None or rows is not None else t.reshape(-1, *t.shape[t.dim() - trailing :])
+            # (B, num_choices, ...) -> (B * num_choices, ...)
+            return t if t is None else t.reshape(-1, *t.shape[t.dim() - trailing :])
 
         reads, counted = DeferredReads(), None  # labels are checked in the encoder's one host read, before it runs
         if labels is not None:
             labels = check_labels(
                 "labels", labels, (batch_size, num_choices), num_choices, "num_choices", True, reads.checks
             )
-            if rows is None:  # a static batch counts its labels on the device
-                counted = count_labelled(reads, labels != IGNORE_INDEX, {})
+            counted = count_labelled(reads, labels != IGNORE_INDEX, {})
         outputs = self.seqbert(
             flat(input_ids, 1),
             attention_mask=flat(attention_mask, 1),
