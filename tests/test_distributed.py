@@ -107,7 +107,18 @@ def _static_shapes_run(output_dir: Path) -> dict:
         "torch_compile_mode": "reduce-overhead",
         "torch_compile_backend": "aot_eager",
     }
-    return {**run, "name": "classification-static", "static_shapes": True, "training_args": compile_flags}
+    return {
+        **run,
+        "name": "classification-static",
+        "static_shapes": True,
+        "training_args": compile_flags | {"logging_nan_inf_filter": False},
+        "predict": PREDICTED,
+    }
+
+
+# The examples the static run evaluates and predicts on after training: 2 processes x batches of 4 take 3 steps, the
+# last holding 5 examples (accelerate pads it with repeated ones, and drops those again when gathering).
+PREDICTED = 21
 
 
 @pytest.fixture(scope="module")
@@ -374,3 +385,26 @@ def test_scripts_refuse_fsdp_that_accelerate_ignores(tmp_path):
     assert result.returncode != 0
     assert "was given, but accelerate set up MULTI_CPU instead of FSDP" in result.stderr, result.stderr[-3000:]
     assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_the_cuda_graph_route_under_ddp_evaluates_and_predicts_one_row_per_example(two_processes):
+    """After the static run's training, on 2 gloo processes: `Trainer.predict` gives one row per example (21, not
+    the 24 of the padded last step, nor one per sequence slot), with and without labels, each the trained model's
+    logits on that example in one process (its weights loaded here, the padded batch, eagerly), and `evaluate`'s
+    accuracy, from a `compute_metrics` written for BERT, is those logits' accuracy."""
+    static = two_processes / "classification-static"
+    tokenizer = trainer_job.AutoTokenizer.from_pretrained(trainer_job.minilm_checkpoint_path())
+    model, examples = trainer_job.build({"task": "classification"}, tokenizer)
+    model.load_state_dict(load_file(static / "rank0.safetensors"))
+    examples = examples[:PREDICTED]
+    with torch.no_grad():
+        logits = model.eval()(**trainer_job.DataCollatorWithPadding(tokenizer)(examples)).logits
+    labels = torch.tensor([e["labels"] for e in examples])
+    for rank in (0, 1):
+        result = torch.load(static / f"rank{rank}_predict.pt")
+        assert result["predictions"].shape == result["unlabelled"].shape == (PREDICTED, 2)
+        torch.testing.assert_close(result["predictions"], logits, atol=TOLERANCE, rtol=0)
+        torch.testing.assert_close(result["unlabelled"], logits, atol=TOLERANCE, rtol=0)
+        assert torch.equal(result["label_ids"], labels)
+        accuracy = (logits.argmax(-1) == labels).double().mean().item()
+        assert result["metrics"]["eval_accuracy"] == pytest.approx(accuracy, abs=1e-9)

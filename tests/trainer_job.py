@@ -20,7 +20,10 @@ RUNS.json is a list of runs, trained one after the other in the same process(es)
   holding those very weights; both train with plain `transformers.Trainer`, and every process records what each step
   trained on: `record_steps`), `accepts_loss_kwargs` (the model's own; given: set on the model, which `Trainer` then
   reads instead of its forward's signature), `static_shapes` (False; True: classification batches from
-  `seqbert.StaticShapeCollator`, the CUDA-graph route, with `training_args` naming the compile flags).
+  `seqbert.StaticShapeCollator`, the CUDA-graph route, with `training_args` naming the compile flags), `predict` (after
+  training, `Trainer.evaluate` with an accuracy `compute_metrics` written for BERT, and `Trainer.predict` with and
+  without labels, on the first that many training examples, `per_device_eval_batch_size` 4; every process writes
+  `rank{R}_predict.pt`: `metrics`, `predictions`, `label_ids`, `unlabelled` (the predictions without labels)).
 
 Every process writes its final (full, unsharded) weights to `output_dir/name/rank{R}.safetensors`, and to
 `rank{R}.json` how it was wrapped (accelerate's `distributed_type`, the wrapped model's class). The model is built from
@@ -42,6 +45,7 @@ from transformers import (
     BertConfig,
     BertForMaskedLM,
     BertForSequenceClassification,
+    BertForTokenClassification,
     DataCollatorForSeq2Seq,
     DataCollatorWithPadding,
     Trainer,
@@ -67,6 +71,7 @@ class SavingCrash(RuntimeError):
 BERT_HEADS = {
     "classification": (BertForSequenceClassification, seqbert.SeqBertForSequenceClassification),
     "mlm": (BertForMaskedLM, seqbert.SeqBertForMaskedLM),
+    "token-classification": (BertForTokenClassification, seqbert.SeqBertForTokenClassification),
 }
 
 
@@ -214,6 +219,7 @@ def train(run: dict) -> Trainer:
     tokenizer = AutoTokenizer.from_pretrained(minilm_checkpoint_path())
     model, examples = build(run, tokenizer)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
     output_dir = os.path.join(run["output_dir"], run["name"])
     save_steps = run.get("save_steps")
     args = TrainingArguments(
@@ -259,6 +265,8 @@ def train(run: dict) -> Trainer:
     trainer.train(resume_from_checkpoint=True if run.get("resume") else None)
     if steps is not None:
         torch.save(steps, os.path.join(output_dir, f"rank{trainer.args.process_index}_steps.pt"))
+    if run.get("predict"):
+        torch.save(predict(trainer, examples[: run["predict"]]), os.path.join(output_dir, f"rank{rank}_predict.pt"))
     wrapping = {
         "distributed_type": str(trainer.accelerator.distributed_type),
         "wrapped_class": type(trainer.model_wrapped).__name__,
@@ -267,6 +275,24 @@ def train(run: dict) -> Trainer:
     }
     save_weights(trainer.model, output_dir, trainer.args.process_index, wrapping)
     return trainer
+
+
+def predict(trainer: Trainer, examples: list[dict]) -> dict:
+    """What `Trainer.evaluate` and `Trainer.predict` (with and without labels) give on `examples`, on this process."""
+
+    def accuracy(prediction) -> dict[str, float]:  # as BERT's users write it: one row per example
+        return {"accuracy": float((prediction.predictions.argmax(-1) == prediction.label_ids).mean())}
+
+    trainer.compute_metrics = accuracy
+    trainer.args.per_device_eval_batch_size = 4
+    labelled = trainer.predict(examples)
+    unlabelled = trainer.predict([{k: v for k, v in e.items() if k != "labels"} for e in examples])
+    return {
+        "metrics": trainer.evaluate(examples),
+        "predictions": torch.from_numpy(labelled.predictions),
+        "label_ids": torch.from_numpy(labelled.label_ids),
+        "unlabelled": torch.from_numpy(unlabelled.predictions),
+    }
 
 
 def main(runs_path: str) -> None:
