@@ -40,12 +40,20 @@ import fake_cuda
 import fake_cuda_shim
 import pytest
 import torch
-from transformers import BertConfig, BertForSequenceClassification, DataCollatorWithFlattening
+from accelerate.state import AcceleratorState, PartialState
+from accelerate.utils import send_to_device
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    DataCollatorWithFlattening,
+    Trainer,
+    TrainingArguments,
+)
 
 import seqbert
 from seqbert import attention_backends
 from seqbert.attention_backends import UnpaddedBatch
-from seqbert.static_shapes import StaticShapeCollator
+from seqbert.static_shapes import TRAINING_ARGUMENTS, StaticShapeCollator
 from seqbert.transformers_compat import CACHE_NAME
 
 
@@ -608,6 +616,131 @@ def test_a_host_read_in_a_static_step_fails(static_step, monkeypatch):
         fake_cuda.CudaPathFault, match=r"1 host syncs, expected 0: item at test_cuda_dry_run.py:\d+ planted"
     ):
         step(batch)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Trainer's own loop around the step: what it reads on the host, with its defaults and with the route's settings
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+class StagedBatches:
+    """The training batches of a `DryRunTrainer`, collated on the CPU beforehand, handed to `Trainer`'s loop as
+    accelerate's `DataLoaderShard` hands them over: moved to the device by accelerate's own `send_to_device`, blocking
+    or not as `Trainer`'s `accelerator_config` says (`non_blocking`)."""
+
+    def __init__(self, trainer: "DryRunTrainer"):
+        self.trainer = trainer
+
+    def __len__(self) -> int:
+        return len(self.trainer.batches)
+
+    def __iter__(self):
+        non_blocking = self.trainer.accelerator.dataloader_config.non_blocking
+        for batch in self.trainer.batches:
+            yield send_to_device(self.trainer.stage(batch), self.trainer.args.device, non_blocking=non_blocking)
+
+
+class DryRunTrainer(Trainer):
+    """transformers' `Trainer`, unchanged but for its training data loader (`StagedBatches`: a data loader's worker
+    processes and pinned memory are the host's own business, and run on real CPU tensors outside the fake GPU)."""
+
+    batches: list[dict] = []
+    stage = staticmethod(lambda batch: batch)
+
+    def get_train_dataloader(self):
+        return StagedBatches(self)
+
+
+@contextlib.contextmanager
+def fresh_accelerate_state():
+    """accelerate's process-wide state, made anew for a `Trainer` on another device, and again after it."""
+    PartialState._reset_state()
+    AcceleratorState._reset_state(True)
+    try:
+        yield
+    finally:
+        PartialState._reset_state()
+        AcceleratorState._reset_state(True)
+
+
+def trainer_syncs(model_class, config, batches: list[dict], **arguments) -> list[fake_cuda.HostSync]:
+    """The host syncs of `Trainer.train()` over `batches` (one optimizer step each, bf16, fused AdamW as `Trainer`
+    takes it on a GPU, gradient clipping, a learning-rate schedule), on the fake GPU: a CPU run of the same loop first
+    records the reads (`record_host_reads`), then the fake run is served them and counts every sync."""
+
+    def training_arguments(**device) -> TrainingArguments:
+        settings = dict(per_device_train_batch_size=8, max_steps=len(batches), bf16=True, optim="adamw_torch_fused")
+        settings |= dict(report_to="none", logging_steps=len(batches) + 1, save_strategy="no", disable_tqdm=True)
+        return TrainingArguments("unused", **(settings | arguments | device))
+
+    def cpu_run():
+        torch.manual_seed(0)
+        trainer = DryRunTrainer(model=model_class(config), args=training_arguments(use_cpu=True))
+        trainer.batches = batches
+        trainer.train()
+
+    with fresh_accelerate_state():
+        reads = fake_cuda.record_host_reads(cpu_run)
+    with (
+        fresh_accelerate_state(),
+        fake_cuda.FakeGPU(reads) as gpu,
+        mock.patch.object(torch.cuda, "set_device", lambda device: None),  # a CPU build has no device to set
+        mock.patch.object(TrainingArguments, "place_model_on_device", False),  # it is there already
+    ):
+        model = gpu.model(model_class, config)
+        model.to = lambda *args, **kwargs: model  # accelerate moves it to "cuda:0", where it is (a fake tensor moves)
+        trainer = DryRunTrainer(model=model, args=training_arguments())
+        trainer.batches = batches
+        trainer.stage = lambda batch: {
+            k: gpu.mode.from_tensor(v) if torch.is_tensor(v) else v for k, v in batch.items()
+        }
+        with gpu.checked():
+            trainer.train()
+    return gpu.syncs
+
+
+@pytest.fixture(scope="module")
+def trainer_batches(tokenizer, rt_texts) -> dict[str, tuple]:
+    """Two static batches of 8 real snippets, for a sequence and a token classifier (whose loss takes Trainer's
+    `num_items_in_batch`, counted on the device)."""
+    config = tiny_config(num_labels=2, problem_type="single_label_classification")
+    runs = {}
+    for name, model_class in (
+        ("sequence", seqbert.SeqBertForSequenceClassification),
+        ("token", seqbert.SeqBertForTokenClassification),
+    ):
+        collator = StaticShapeCollator(tokenizer, model_class(config), max_length=64, batch_size=8)
+        examples = _static_examples(tokenizer, rt_texts, name)
+        generator = torch.Generator().manual_seed(0)
+        examples = [
+            {**e, "label": i % 2}
+            if name == "sequence"
+            else {**e, "labels": torch.randint(0, 2, (len(e["input_ids"]),), generator=generator).tolist()}
+            for i, e in enumerate(examples)
+        ]
+        runs[name] = (model_class, config, [collator(examples)] * 2)
+    return runs
+
+
+@pytest.mark.parametrize("name", ["sequence", "token"])
+def test_trainers_defaults_read_the_host_every_step_and_the_routes_settings_never(trainer_batches, name):
+    """`Trainer.train()` over 2 static batches. With its defaults, every step: a blocking host-to-device copy of each
+    input tensor (each waits for the GPU to finish what it was given) and 2 reads of the loss
+    (`logging_nan_inf_filter`: `torch.isnan(loss) or torch.isinf(loss)`). With the route's settings
+    (`seqbert.static_shapes.TRAINING_ARGUMENTS`: no filter, non-blocking copies; the compile flags need a GPU): none
+    in any step, and the loop's own two, once per run (its on-device loss total created, then read at the end). The
+    token classifier's `num_items_in_batch` is counted on the device."""
+    model_class, config, batches = trainer_batches[name]
+    per_step = len([value for value in batches[0].values() if torch.is_tensor(value)]) + 2
+    defaults = trainer_syncs(model_class, config, batches)
+    route = {k: v for k, v in TRAINING_ARGUMENTS.items() if not k.startswith("torch_compile")}
+    settings = trainer_syncs(model_class, config, batches, **route)
+    once = [("host-to-device copy", "_inner_training_loop"), ("item", "_finalize_training")]
+    assert [(sync.kind, sync.where.split()[-1]) for sync in settings] == once, settings
+    assert len(defaults) == 2 * per_step + 2, defaults
+    filter_reads = [sync for sync in defaults if sync.kind == "__bool__" and sync.where.endswith("_run_epoch")]
+    copies = [sync for sync in defaults if sync.kind == "host-to-device copy" and "send_to_device" in sync.where]
+    assert len(filter_reads) == 2 * 2 and len(copies) == 2 * (per_step - 2)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
