@@ -2,6 +2,8 @@
 user runs, the files it promises, and a model that loads back through the Auto class with the same predictions."""
 
 import json
+from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 import torch
@@ -38,15 +40,50 @@ def test_saved_model_loads_through_the_auto_class_and_reproduces_the_accuracy(cl
 
 def test_static_shapes_evaluate_to_the_same_accuracy(classification_run, tmp_path):
     """`--static_shapes` (the CUDA-graph route's collator): the saved classifier evaluated on the same 64 snippets, in
-    static batches (filler rows included, which the metric leaves out), scores the accuracy the run reported."""
+    static batches (one row per example, as the padded batches), scores the accuracy and loss the run reported, with
+    the route's settings of Trainer (no per-step host read)."""
     import run_classification
 
-    metrics = run_classification.main(
+    seen = {}
+    evaluate = run_classification.SeqBertTrainer.evaluate
+
+    def evaluating(trainer, *args, **kwargs):
+        seen.update(
+            filter=trainer.args.logging_nan_inf_filter, non_blocking=trainer.args.accelerator_config.non_blocking
+        )
+        return evaluate(trainer, *args, **kwargs)
+
+    with mock.patch.object(run_classification.SeqBertTrainer, "evaluate", evaluating):
+        metrics = run_classification.main(
         [
             "--model_name_or_path", str(classification_run), "--no_do_train", "--max_eval_samples", "64",
             "--static_shapes", "--output_dir", str(tmp_path / "static"), "--report_to", "none",
-        ]
-    )  # fmt: skip
+            ]
+        )  # fmt: skip
     results = json.loads((classification_run / "all_results.json").read_text())
     assert metrics["eval_accuracy"] == pytest.approx(results["eval_accuracy"], abs=1e-9)
-    assert metrics["eval_samples"] == 64
+    assert metrics["eval_loss"] == pytest.approx(results["eval_loss"], abs=1e-5)
+    assert metrics["eval_samples"] == 64 and seen == {"filter": False, "non_blocking": True}
+
+
+@pytest.mark.parametrize(
+    "mode, steps", [("reduce-overhead", 2), ("max-autotune-no-cudagraphs", 2), ("reduce-overhead", 1)]
+)
+def test_gradient_accumulation_under_cuda_graphs_is_refused(mode, steps):
+    """With `--static_shapes` on a GPU, accumulating gradients under CUDA graphs stops with a message naming the two
+    arguments and what to do; any other mode, or one batch a step, goes on."""
+    import run_classification
+
+    from seqbert.script_utils import ScriptInputError
+
+    args = SimpleNamespace(
+        gradient_accumulation_steps=steps,
+        torch_compile_mode=mode,
+        device=torch.device("cuda"),
+        per_device_train_batch_size=16,
+    )
+    if mode == "reduce-overhead" and steps > 1:
+        with pytest.raises(ScriptInputError, match=r"gradient_accumulation_steps \(2\) with --torch_compile_mode re"):
+            run_classification.check_cuda_graph_accumulation(args)
+    else:
+        run_classification.check_cuda_graph_accumulation(args)

@@ -146,7 +146,8 @@ class DataArguments(DataSourceArguments):
         default=False,
         metadata={
             "help": "Batches from seqbert.StaticShapeCollator: a few fixed shapes and no host read in the step, for "
-            "CUDA graphs with --torch_compile --torch_compile_mode reduce-overhead (off: dynamic padding)."
+            "CUDA graphs with --torch_compile --torch_compile_mode reduce-overhead (off: dynamic padding). Also turns "
+            "off Trainer's per-step host reads: --logging_nan_inf_filter False and non-blocking input copies."
         },
     )
 
@@ -225,6 +226,9 @@ def load_model(model_args: ModelArguments, names: list[str]):
         "num_labels": len(names),
         "id2label": dict(enumerate(names)),
         "label2id": {name: i for i, name in enumerate(names)},
+        # What the loss would infer from the class ids at its first step, set before it: a compiled step that set it
+        # would compile again at the next.
+        "problem_type": "single_label_classification",
     }
     config = AutoConfig.from_pretrained(path, cache_dir=model_args.cache_dir)
     if model_args.config_name is not None:
@@ -304,6 +308,26 @@ def card_info(model_args, data_args, training_args, metrics: dict, names: list[s
     }
 
 
+def check_cuda_graph_accumulation(training_args: ClassificationTrainingArguments) -> None:
+    """
+    Refuse gradient accumulation under CUDA graphs: with `torch_compile_mode="reduce-overhead"` on a GPU, the gradient
+    a backward graph returns lives in memory the next replay overwrites, and the first micro-step of each step keeps
+    it as `.grad` (PyTorch issues 96693 and 169545).
+
+    Raises:
+        ScriptInputError: `gradient_accumulation_steps` > 1 with `torch_compile_mode` "reduce-overhead" on a CUDA GPU.
+    """
+    steps = training_args.gradient_accumulation_steps
+    graphs = training_args.torch_compile_mode == "reduce-overhead" and training_args.device.type == "cuda"
+    if steps > 1 and graphs:
+        raise ScriptInputError(
+            f"gradient_accumulation_steps ({steps}) with --torch_compile_mode reduce-overhead on a GPU: CUDA graphs "
+            "overwrite the gradients a step accumulates (PyTorch issues 96693, 169545); use a per-device batch of "
+            f"{steps} x {training_args.per_device_train_batch_size} with --gradient_accumulation_steps 1, or "
+            "--torch_compile_mode max-autotune-no-cudagraphs"
+        )
+
+
 def make_parser() -> HfArgumentParser:
     """The parser of this script's three argument dataclasses."""
     return script_parser((ModelArguments, DataArguments, ClassificationTrainingArguments), __doc__)
@@ -329,6 +353,12 @@ def parse_and_check(
     """
     model_args, data_args, training_args = parse_arguments(make_parser(), argv)
     check_distributed_launch(training_args)
+    if data_args.static_shapes:
+        check_cuda_graph_accumulation(training_args)
+        # The route's settings (`seqbert.static_shapes.TRAINING_ARGUMENTS`) other than the compile flags, which stay
+        # the caller's: no host read of the loss every step, input copies that do not wait for the GPU.
+        training_args.logging_nan_inf_filter = False
+        training_args.accelerator_config.non_blocking = True
     if model_args.model_name_or_path is None and model_args.config_name is None:
         model_args.model_name_or_path = str(minilm_checkpoint_path())
     argument = "config_name" if model_args.config_name is not None else "model_name_or_path"
@@ -398,10 +428,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     def compute_metrics(prediction: EvalPrediction) -> dict[str, float]:
         logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
-        labelled = prediction.label_ids != -100  # the static batches' filler rows (and padding between batches)
-        return accuracy.compute(
-            predictions=np.argmax(logits, axis=-1)[labelled], references=prediction.label_ids[labelled]
-        )
+        return accuracy.compute(predictions=np.argmax(logits, axis=-1), references=prediction.label_ids)
 
     if data_args.static_shapes:
         batch_size = training_args.per_device_train_batch_size
