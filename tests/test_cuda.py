@@ -426,6 +426,74 @@ def test_the_static_route_captures_training_in_cuda_graphs(bert_folder, tokenize
     assert all(torch.isfinite(loss) for loss in losses)
 
 
+def test_gradient_accumulation_under_cuda_graphs_is_exact_or_refused(bert_folder, tokenizer, rt_texts):
+    """Two micro-batches accumulated under `mode="reduce-overhead"` (fp32, no dropout): either the gradients of the
+    eager model on the same batches, or torch's error naming the overwritten gradient (what
+    `run_classification.py --static_shapes` refuses up front); never other gradients without an error."""
+    _needs_the_flash_kernel()
+    torch._dynamo.reset()
+    model = seqbert.SeqBertForSequenceClassification.from_bert_pretrained(
+        bert_folder, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    )
+    model.config.problem_type = "single_label_classification"
+    model = model.cuda().train()
+    batches = _static_batches(model, tokenizer, rt_texts, count=2)
+    for batch in batches:
+        model(**batch).loss.backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    compiled = torch.compile(model, mode="reduce-overhead")
+    try:
+        for _ in range(3):  # warm-up, recording, replays
+            for batch in batches:
+                compiled(**batch).loss.backward()
+            got = {name: p.grad.clone() for name, p in model.named_parameters()}
+            model.zero_grad()
+    except RuntimeError as error:
+        assert "overwritten" in str(error), error
+        return
+    worst = max(((got[name] - expected[name]).abs().max() / expected[name].abs().max()).item() for name in expected)
+    assert worst <= 1e-3, worst
+
+
+def test_compiled_evaluation_in_trainer_keeps_each_batch(bert_folder, tokenizer, rt_texts, tmp_path):
+    """`Trainer.evaluate` before any training, compiled with `reduce-overhead`: with
+    `preprocess_logits_for_metrics=seqbert.static_shapes.copied_logits`, the predictions of the eager model; without,
+    torch's error on reading a batch's logits after the next replay overwrote them, or (where torch copies them) the
+    same predictions."""
+    from transformers import Trainer, TrainingArguments
+
+    model = seqbert.SeqBertForSequenceClassification.from_bert_pretrained(bert_folder).cuda().eval()
+    examples = [{**tokenizer(text), "label": i % 2} for i, text in enumerate(rt_texts[:96])]
+    collator = seqbert.StaticShapeCollator(tokenizer, model, max_length=128, batch_size=32)
+    with torch.no_grad():
+        expected = torch.cat(
+            [
+                model(
+                    **{k: v.cuda() if torch.is_tensor(v) else v for k, v in collator(examples[i : i + 32]).items()}
+                ).logits
+                for i in range(0, 96, 32)
+            ]
+        )
+    results = {}
+    for name, preprocess in (("copied", seqbert.static_shapes.copied_logits), ("as returned", None)):
+        torch._dynamo.reset()
+        args = TrainingArguments(
+            str(tmp_path / name),
+            per_device_eval_batch_size=32,
+            report_to="none",
+            **seqbert.static_shapes.TRAINING_ARGUMENTS,
+        )
+        trainer = Trainer(model=model, args=args, data_collator=collator, preprocess_logits_for_metrics=preprocess)
+        try:
+            results[name] = torch.from_numpy(trainer.predict(examples).predictions).cuda()
+        except RuntimeError as error:
+            assert "overwritten" in str(error), error
+            results[name] = None
+    assert (results["copied"] - expected).abs().max().item() <= 1e-4
+    assert results["as returned"] is None or (results["as returned"] - expected).abs().max().item() <= 1e-4
+
+
 def test_the_main_job_runs_on_the_gpu(bert_folder, tmp_path):
     """`run_classification.py --bf16` for 20 steps on the GPU, from the seeded BERT folder (the packaged MiniLM
     weights are not carried to GPU machines)."""

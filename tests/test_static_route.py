@@ -34,6 +34,7 @@ import seqbert
 from seqbert.convert_bert import bert_state_dict_to_seqbert
 from seqbert.data import load_rotten_tomatoes
 from seqbert.metrics import ACCURACY_PATH
+from seqbert.static_shapes import copied_logits
 
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -186,6 +187,7 @@ def test_evaluate_and_predict_are_berts(tokenizer, tmp_path, snippets, compiled)
     `evaluate` with a `compute_metrics` written for BERT gives BERT's metrics and `eval_loss`; `predict` one row per
     example (21: batches of 8, 8 and 5), BERT's, with labels and without."""
     bert, route = _trainers(tokenizer, tmp_path, snippets, **(COMPILE if compiled else {}))
+    route.preprocess_logits_for_metrics = copied_logits  # under CUDA graphs, out of the graph's buffers
     graphs, recording = _recording_aot_eager()
     torch._dynamo.reset()
     with recording:

@@ -444,6 +444,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         processing_class=tokenizer,
         data_collator=collator,
         compute_metrics=compute_metrics,
+        # Evaluated compiled (before any training), each batch's logits are copied out of the CUDA graph's buffers.
+        preprocess_logits_for_metrics=seqbert.static_shapes.copied_logits if data_args.static_shapes else None,
     )
     check_fsdp(trainer)
 

@@ -87,7 +87,8 @@ FIRST_SEQUENCES = 8
 # transformers 5.24: 2 reads of the loss, `torch.isnan(loss) or torch.isinf(loss)`, under `logging_nan_inf_filter`;
 # one blocking copy per input tensor, which waits for the GPU to finish the step before, unless accelerate copies
 # without blocking, from the pinned memory `Trainer`'s data loader uses by default). A logging step still reads the
-# loss once (`logging_steps`).
+# loss once (`logging_steps`). `Trainer` also needs `preprocess_logits_for_metrics=copied_logits` where it evaluates a
+# compiled model (`evaluate` or `predict` before `train`: during training it evaluates the model uncompiled).
 TRAINING_ARGUMENTS = {
     "torch_compile": True,
     "torch_compile_mode": "reduce-overhead",
@@ -389,6 +390,23 @@ def static_layout(attention_mask: torch.Tensor, bucket: Bucket) -> dict:
     }
 
 
+def copied_logits(logits, labels):
+    """
+    `Trainer(preprocess_logits_for_metrics=copied_logits)`, for `evaluate` and `predict` under CUDA graphs: a copy of
+    each batch's logits. A CUDA graph's outputs live in its own buffers, which its next replay overwrites (torch raises
+    when such an output is read afterwards), and `Trainer` keeps each batch's logits as the model returned them until
+    it concatenates the next batch's.
+
+    Args:
+        logits (`torch.Tensor` or a tuple of them): what `Trainer.prediction_step` took from the model's output.
+        labels: the batch's labels (unused).
+
+    Returns:
+        The same structure, every tensor copied.
+    """
+    return torch.utils._pytree.tree_map(lambda value: value.clone() if torch.is_tensor(value) else value, logits)
+
+
 def _config_and_task(model) -> tuple[SeqBertConfig, str]:
     """The config and the task (`TASKS`) of a SeqBERT model, unwrapped from PEFT, `torch.compile` and DDP wrappers;
     a bare config is the encoder's."""
@@ -414,4 +432,4 @@ def _config_and_task(model) -> tuple[SeqBertConfig, str]:
     )
 
 
-__all__ = ["TRAINING_ARGUMENTS", "Bucket", "StaticShapeCollator", "static_layout", "token_ladder"]
+__all__ = ["TRAINING_ARGUMENTS", "Bucket", "StaticShapeCollator", "copied_logits", "static_layout", "token_ladder"]
