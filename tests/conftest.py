@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -352,6 +353,62 @@ def check_attention_dropout(device, dtype, p: float, sequences: int, keep: float
     expected = torch.einsum("snqk,snqd->sknd", *per_sequence).reshape(total, heads, length)  # sum over queries
     scale = expected.abs().max().item()
     assert (value.grad.float() - expected).abs().max().item() <= 8 * step * scale * length**0.5
+
+
+# What holds torch, oneDNN or MKL to an older instruction set (tests/test_cpu_semantics.py sets the first two).
+ISA_CAP_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
+
+
+def isa_cap() -> str | None:
+    """The instruction-set cap this process runs under (`ISA_CAP_VARIABLES` that are set), or None."""
+    return ", ".join(f"{name}={os.environ[name]}" for name in ISA_CAP_VARIABLES if os.environ.get(name)) or None
+
+
+def timing_test(test: Callable) -> Callable:
+    """Marks a test whose assertions depend on what timings measure (marker `timing`): an ISA cap reproduces an older
+    CPU's instructions, not its speed, so such a test skips under one; the instruction-semantics tests (`cpu_semantics`)
+    keep running there."""
+    skip = pytest.mark.skipif(
+        isa_cap() is not None,
+        reason=f"a timing test: held to an older instruction set ({isa_cap()}) this CPU runs an older CPU's "
+        "instructions at a speed that is neither CPU's",
+    )
+    return pytest.mark.timing(skip(test))
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "timing: asserts what timings measure; skipped under an ISA cap (`timing_test`)")
+
+
+def other_processes_cpu_share(seconds: float = 0.5) -> float | None:
+    """The share of the machine's CPU time that other processes (and, in a virtual machine, its host: steal time)
+    took while this process slept for `seconds`, from Linux's `/proc/stat` (None elsewhere)."""
+
+    def busy_and_total() -> tuple[int, int]:
+        with open("/proc/stat") as stat:
+            ticks = [int(value) for value in stat.readline().split()[1:]]
+        idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle, iowait
+        return sum(ticks[:8]) - idle, sum(ticks[:8])
+
+    if not os.path.exists("/proc/stat"):
+        return None
+    busy, total = busy_and_total()
+    time.sleep(seconds)
+    busy_after, total_after = busy_and_total()
+    return (busy_after - busy) / max(total_after - total, 1)
+
+
+class BusyProcess:
+    """A process that spins on one CPU core for as long as the `with` block runs (killed by its pid on exit)."""
+
+    def __enter__(self):
+        self.process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        time.sleep(0.2)  # running before the timing starts
+        return self
+
+    def __exit__(self, *exc_info):
+        self.process.kill()
+        self.process.wait()
 
 
 def pinned_cpu_plan(**precision) -> CpuInferencePlan:

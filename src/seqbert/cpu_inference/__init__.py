@@ -16,12 +16,16 @@ timing cannot be trusted. There is no compile step and no recompilation when the
 
 One module per concern:
 
-- `capabilities`: what this CPU and torch build can do (ISA, kernels present, int8 saturation per call form, class);
+- `capabilities`: what this CPU and torch build can do (ISA, kernels present, int8 saturation per call form, class,
+  the cores a cgroup CPU quota leaves the process);
 - `linear_kernels`: packed linear kernels (`PackedLinear`) and the int8 kernel's input quantization;
 - `length_groups`: length-grouped attention (`LengthGroups`);
+- `optimized_layers`: the optimized encoder, layer, attention, feed-forward and linear classes, and how each call form
+  keeps the precision;
 - `plans`: `CpuInferencePlan`, the default plans per CPU class, `measure_plan` and the per-process cache;
-- `optimized_layers`: the optimized encoder and layer classes;
 - `optimized_model`: `optimize_for_cpu_inference`.
+
+Each module imports only modules listed above it (dependencies run one way).
 
 Every name this module had before it was split stays importable from here.
 """
@@ -32,12 +36,14 @@ from .capabilities import (
     aten_dispatches_avx2_or_better,
     bf16_instructions_available,
     bf16_linear_available,
+    cgroup_cpu_limit,
     cpu_class,
     int8_products_saturate,
     int8_weight_levels,
     linear_kernels_available,
     mkl_linear_available,
     onednn_x86_operators_available,
+    usable_cpus,
 )
 from .length_groups import ATTENTION_MODES, LENGTH_GROUPS, LengthGroups
 from .linear_kernels import LINEAR_KERNELS, ONEDNN_ACTIVATIONS, PackedLinear, quantize_per_tensor_uint8
@@ -78,6 +84,7 @@ __all__ = [
     "aten_dispatches_avx2_or_better",
     "bf16_instructions_available",
     "bf16_linear_available",
+    "cgroup_cpu_limit",
     "cpu_class",
     "default_plan",
     "default_timing_lengths",
@@ -90,5 +97,6 @@ __all__ = [
     "onednn_x86_operators_available",
     "optimize_for_cpu_inference",
     "quantize_per_tensor_uint8",
+    "usable_cpus",
     "x86_cpu",
 ]

@@ -7,6 +7,7 @@ CPU flags cannot see an ISA cap such as `ONEDNN_MAX_CPU_ISA=AVX2`, which changes
 """
 
 import functools
+import os
 
 import torch
 
@@ -185,3 +186,86 @@ def cpu_class() -> str:
             return "avx512_amx"
         return "avx512_vnni_bf16" if bf16_instructions_available() else "avx512_vnni"
     return "avx2" if saturate else "avx2_vnni"
+
+
+def cgroup_cpu_limit(root: str = "/") -> float | None:
+    """
+    The CPU time this process may use per second of wall time under its cgroup's CPU quota, in cores (1.5: one and a
+    half cores), or None where no quota is set (or no cgroup file system is mounted: not Linux).
+
+    Read as the kernel documents it (Documentation/admin-guide/cgroup-v2.rst, `cpu.max`: "$MAX $PERIOD", "max" for
+    none; cgroup v1's CFS bandwidth control, `cpu.cfs_quota_us` / `cpu.cfs_period_us`, -1 for none): the process's
+    cgroup from `/proc/self/cgroup`, where its CPU controller is mounted from `/proc/self/mountinfo`, then the
+    smallest quota from that cgroup up to the mount's root, as a limit set on a parent binds its children. Container
+    runtimes set it (`docker run --cpus=1.5`, Kubernetes CPU limits); Go's `uber-go/automaxprocs` and the JVM read the
+    same files to size their thread pools.
+
+    Args:
+        root (`str`): the file system root the paths are read under (a folder holding `proc/` and `sys/`, for tests).
+    """
+    mounts = _cgroup_cpu_mounts(root)
+    limits = []
+    for line in _read(root, "proc/self/cgroup").splitlines():
+        _, controllers, path = line.split(":", 2)
+        version = 2 if controllers == "" else 1 if "cpu" in controllers.split(",") else None
+        if version is None or version not in mounts:
+            continue
+        mount_root, mount_point = mounts[version]
+        relative = path[len(mount_root) :] if path.startswith(mount_root) else path
+        folder = os.path.normpath(os.path.join(mount_point, relative.lstrip("/")))
+        while True:  # the process's cgroup, then each parent up to the mount point
+            limits.append(_cgroup_quota(root, folder, version))
+            if folder == os.path.normpath(mount_point):
+                break
+            folder = os.path.dirname(folder)
+    limits = [limit for limit in limits if limit is not None]
+    return min(limits) if limits else None
+
+
+def _read(root: str, path: str) -> str:
+    try:
+        with open(os.path.join(root, path.lstrip("/"))) as file:
+            return file.read()
+    except OSError:
+        return ""
+
+
+def _cgroup_cpu_mounts(root: str) -> dict[int, tuple[str, str]]:
+    """cgroup version -> (the mounted cgroup's root, its mount point): cgroup2, or cgroup v1 with the cpu controller
+    (`proc(5)`, `/proc/self/mountinfo`: fields 4 and 5, then after " - " the type and the super options)."""
+    mounts = {}
+    for line in _read(root, "proc/self/mountinfo").splitlines():
+        before, separator, after = line.partition(" - ")
+        fields, described = before.split(), after.split()
+        if not separator or len(fields) < 5 or len(described) < 3:
+            continue
+        if described[0] == "cgroup2":
+            mounts.setdefault(2, (fields[3], fields[4]))
+        elif described[0] == "cgroup" and "cpu" in described[2].split(","):
+            mounts.setdefault(1, (fields[3], fields[4]))
+    return mounts
+
+
+def _cgroup_quota(root: str, folder: str, version: int) -> float | None:
+    """One cgroup's CPU quota in cores, or None where it sets none."""
+    if version == 2:
+        values = _read(root, os.path.join(folder, "cpu.max")).split()
+        if len(values) != 2 or values[0] == "max":
+            return None
+        quota, period = values
+    else:
+        quota = _read(root, os.path.join(folder, "cpu.cfs_quota_us")).strip()
+        period = _read(root, os.path.join(folder, "cpu.cfs_period_us")).strip()
+    try:
+        quota, period = int(quota), int(period)
+    except ValueError:
+        return None
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def usable_cpus() -> float:
+    """How many cores this process's threads can keep busy at once: `torch.get_num_threads()`, at most the cores it
+    may run on (`os.sched_getaffinity`) and its cgroup's CPU quota (`cgroup_cpu_limit`), in cores."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = cgroup_cpu_limit()
+    return min(torch.get_num_threads(), cores, quota if quota is not None else float("inf"))

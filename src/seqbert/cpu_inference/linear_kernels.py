@@ -2,6 +2,7 @@
 layout, MKL's packed sgemm, the weight transposed for `addmm`, or as stored), in fp32, bf16 or int8, with the
 activation or residual add that follows them; and the dynamic uint8 quantization of the int8 kernel's inputs."""
 
+import copy
 import math
 
 import torch
@@ -65,6 +66,9 @@ class PackedLinear:
         call_form (`str`): the `capabilities.INT8_CALL_FORMS` entry of oneDNN's calls: "add" with a residual, else the
             fused activation's ("gelu", "gelu_tanh", "relu") or "plain".
 
+    `copy.deepcopy` packs the copied `linears` anew with the same options (oneDNN's packed weights are opaque tensors,
+    which torch cannot copy), so a deep copy of an optimized model works and reads the copy's weights.
+
     Raises:
         ValueError: `activation` together with `residual=True` (the second product of a layer adds the residual, the
             first applies the activation; none does both).
@@ -82,6 +86,8 @@ class PackedLinear:
     ):
         if activation and residual:
             raise ValueError(f"activation ({activation!r}) and residual=True: a PackedLinear does one or the other")
+        self._sources = list(linears)  # what `__deepcopy__` packs anew
+        self._options = {"int8": int8, "dtype": dtype, "kernel": kernel, "activation": activation, "residual": residual}
         weight = torch.cat([linear.weight.detach() for linear in linears])  # (out, in)
         biases = [linear.bias for linear in linears]
         self.bias = None if biases[0] is None else torch.cat([bias.detach() for bias in biases]).contiguous()
@@ -95,6 +101,7 @@ class PackedLinear:
             self.bias = self.bias.to(dtype)  # oneDNN takes the bias in the input's dtype (added in fp32)
         if int8:
             self.weight_levels = weight_levels or int8_weight_levels(self.call_form)
+            self._options["weight_levels"] = self.weight_levels
             # Rounded in float64, so that no weight lands on the other side of a half step through fp32's rounding
             # of weight / scale; the scale is handed to oneDNN in fp32.
             scale = (weight.double().abs().amax(dim=1) / self.weight_levels).clamp(min=torch.finfo(torch.float32).tiny)
@@ -111,6 +118,9 @@ class PackedLinear:
             self.weight = weight.t().contiguous()  # (in, out)
         else:
             self.weight = weight.contiguous()
+
+    def __deepcopy__(self, memo: dict) -> "PackedLinear":
+        return PackedLinear(copy.deepcopy(self._sources, memo), **self._options)
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """(..., in_features) -> (..., out_features), fp32 (int8 too) or bf16 as packed: `x @ W.T + b`, then the

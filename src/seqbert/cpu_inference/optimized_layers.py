@@ -1,19 +1,33 @@
-"""The optimized encoder and encoder layer: mixins that `optimize_for_cpu_inference` puts on a copy's encoder and
-layer classes, running a layer's six linear layers as `PackedLinear` calls and attention over `LengthGroups`, as a
-`CpuInferencePlan` says; elsewhere (gradients, hooks, tracing, other devices and dtypes) the model's own forward."""
+"""The optimized encoder and its modules: mixins that `optimize_for_cpu_inference` puts on a copy's encoder, its
+bidirectional layers, their attention and feed-forward modules and their six linear layers, so that every call of the
+copy computes in the precision asked for (fp32, int8 or bf16), whatever the call records or hooks.
 
-from typing import TYPE_CHECKING
+How a layer runs (`_OptimizedLayer`; our own arrangement):
+
+- fused, the fast path: query/key/value as one `PackedLinear` call, attention over `LengthGroups` (unpadded batches)
+  or the model's own attention on the padded batch, the output projection with the residual added, the feed-forward's
+  first product with its activation and its second with the residual added;
+- block by block where a hook watches the attention or the feed-forward (transformers records `output_attentions`
+  with a forward hook on each attention module, `output_hidden_states` with one on each layer; or a hook of your
+  own): that block runs as a call of its module, in the same precision, so that its hooks see its outputs and may
+  change them, and its linear layers run packed (one that a hook watches is called as a module in its turn);
+- under `torch.compile`, int8 and bf16 layers run eagerly outside the graph (one graph break per layer; oneDNN's int8
+  calls quantize each input from its own range, a value read on the host), so `fullgraph=True` raises, naming why;
+  fp32 layers are traced as the model's own;
+- the model's own fp32 forward where the packed weights cannot serve the call: gradients flowing into the layer,
+  inputs on another device or of another dtype, `torch.export` and `torch.jit.trace`. An int8 or bf16 copy says so in
+  one warning per reason.
+"""
+
+import warnings
 
 import torch
 from torch import nn
+from torch.nn.modules import module as torch_module
 
-from ..modeling_seqbert import SeqBertEncoder, SeqBertLayer, SeqBertPreNormLayer
+from ..modeling_seqbert import SeqBertEncoder, SeqBertLayer, SeqBertMLP, SeqBertPreNormLayer, SeqBertSelfAttention
 from .length_groups import LengthGroups, split_qkv
 from .linear_kernels import PackedLinear
-
-
-if TYPE_CHECKING:
-    from .plans import CpuInferencePlan
 
 
 # The linear layers of an encoder layer that `optimize_for_cpu_inference` packs, by role: query/key/value as one
@@ -43,21 +57,71 @@ def pack_layer(
     }
 
 
+def hooked(module: nn.Module) -> bool:
+    """Whether calling `module` runs forward hooks or pre-hooks: its own (`register_forward_hook`,
+    `register_forward_pre_hook`, transformers' output recorders) or global ones (`register_module_forward_hook`)."""
+    return bool(
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or torch_module._global_forward_hooks
+        or torch_module._global_forward_pre_hooks
+    )
+
+
+def _block_hooked(*modules: nn.Module) -> bool:
+    """Whether a hook watches one of `modules` or their children."""
+    return any(hooked(module) or any(hooked(child) for child in module.children()) for module in modules)
+
+
+def _tracing() -> bool:
+    """`torch.export` or `torch.jit.trace` is tracing this call (not `torch.compile`, which may break the graph)."""
+    exporting = getattr(torch.compiler, "is_exporting", lambda: False)
+    return exporting() or torch.jit.is_tracing()
+
+
+def _packed_applies(x: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether packed weights of `dtype` can serve an input: on the CPU, of that dtype, eager (not traced or
+    compiled), with no gradient flowing into it."""
+    if x.device.type != "cpu" or x.dtype != dtype or torch.compiler.is_compiling() or _tracing():
+        return False
+    return not (torch.is_grad_enabled() and x.requires_grad)
+
+
+def _refusal(layer: "_OptimizedLayer", hidden_states: torch.Tensor) -> str | None:
+    """Why `layer`'s packed weights cannot serve this call, as the warning says it (None: they can; under
+    `torch.compile` they run outside the graph)."""
+    if hidden_states.device.type != "cpu":
+        return f"an input is on {hidden_states.device.type}, and the packed weights live on the CPU"
+    if hidden_states.dtype not in (torch.float32, layer._packed["qkv"].dtype):
+        return f"an input is {hidden_states.dtype}, and the packed layers take float32 inputs"
+    if torch.is_grad_enabled() and hidden_states.requires_grad:
+        return (
+            "gradients flow into the encoder (an input that requires grad, with grad enabled), and oneDNN's packed "
+            "kernels have no backward"
+        )
+    if _tracing():
+        return "torch.export or torch.jit.trace traces the model, and oneDNN's packed kernels have no traced form"
+    return None
+
+
 class _OptimizedEncoder(SeqBertEncoder):
     """Mixed into an encoder's class by `optimize_for_cpu_inference`: on the unpadded path it sorts the batch's
-    sequences into `LengthGroups` once per forward, for all its layers, as its `CpuInferencePlan` says. Optimized for
-    bf16, it runs its layers and its final LayerNorm on bf16 hidden states (where `_bf16_applies`) and hands fp32
-    back, so the embeddings before it and the pooler and heads after it stay fp32."""
+    sequences into `LengthGroups` once per forward, for all its layers. Optimized for bf16, it hands its layers bf16
+    hidden states where every layer takes the fused path unwatched (`_bf16_between_layers`), runs its final LayerNorm
+    on them and hands fp32 back; elsewhere each layer takes and returns fp32 (rounded to bf16 inside), so that what a
+    hook or `output_hidden_states` reads is fp32 as every output of the model. The embeddings before it and the pooler
+    and heads after it stay fp32."""
 
-    _dtype: torch.dtype = torch.float32
-    _plan: "CpuInferencePlan"
+    _cpu_dtype: torch.dtype = torch.float32
+    _cpu_attention: str = "written_out"
+    _cpu_length_groups: int = 4
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, *args, **kwargs):
         if kwargs.get("unpadded") is not None:
             kwargs["length_groups"] = LengthGroups.for_mode(
-                kwargs["unpadded"], self._plan.length_groups, self._plan.attention
+                kwargs["unpadded"], self._cpu_length_groups, self._cpu_attention
             )
-        if self._dtype != torch.bfloat16 or not _bf16_applies(self, hidden_states):
+        if not self._bf16_between_layers(hidden_states):
             return super().forward(hidden_states, attention_mask, *args, **kwargs)
         layer_inputs = args[0] if args else kwargs.get("layer_inputs")
         first = 0 if layer_inputs is None else len(layer_inputs)
@@ -66,51 +130,76 @@ class _OptimizedEncoder(SeqBertEncoder):
             layer_inputs[first:] = [x.float() for x in layer_inputs[first:]]
         return output.float()
 
+    def _bf16_between_layers(self, hidden_states: torch.Tensor) -> bool:
+        """A bf16 encoder passes bf16 between its layers where each is optimized, unhooked and served by its packed
+        weights, eagerly."""
+        if self._cpu_dtype != torch.bfloat16 or hidden_states.dtype != torch.float32:
+            return False
+        if torch.compiler.is_compiling():
+            return False
+        return all(
+            isinstance(layer, _OptimizedLayer) and not hooked(layer) and _refusal(layer, hidden_states) is None
+            for layer in self.layers
+        )
 
-def _bf16_applies(encoder: SeqBertEncoder, hidden_states: torch.Tensor) -> bool:
-    """An optimized encoder computes in bf16 where every layer would take the packed path (`_packable`) on its fp32
-    input; elsewhere its layers run their own fp32 forward."""
-    if hidden_states.dtype != torch.float32:
-        return False
-    return all(_packable(layer, hidden_states.device, hidden_states.requires_grad) for layer in encoder.layers)
 
+class _OptimizedSelfAttention(SeqBertSelfAttention):
+    """Mixed into an optimized layer's attention: called as a module (where a hook watches it), it computes the
+    query/key/value product packed (each projection as a module where a hook watches it), attention as the layer's
+    fused path does, and the output projection packed; in bf16, attention that would take its softmax in bf16 runs in
+    fp32 on the bf16 projections (`merged_heads`)."""
 
-class _OptimizedLayer(SeqBertLayer):
-    """Mixed into an encoder layer's class by `optimize_for_cpu_inference`: the same computation, with the layer's
-    six linear layers as three-plus-three `PackedLinear` calls (query/key/value as one; the output projection with the
-    residual added; the feed-forward's first linear with its activation; its second with the residual added).
+    _packed_qkv: PackedLinear
 
-    Attention runs over the encoder's `LengthGroups` on the unpadded path, else the model's own attention on the
-    padded batch. In bf16 the padded batch's attention runs in fp32 on the bf16 projections unless it is sdpa with a
-    boolean mask or none (whose CPU kernel computes its softmax in fp32 for bf16 inputs): eager attention would take
-    its softmax in bf16, and an additive fp32 mask does not fit bf16 scores."""
-
-    _packed: dict[str, PackedLinear]
-
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
-        length_groups = kwargs.pop("length_groups", None)
-        if not _takes_packed_path(self, hidden_states):
-            return super().forward(hidden_states, attention_mask, **kwargs)
-        pre_norm = isinstance(self, SeqBertPreNormLayer)
-        packed = self._packed
-        attention = self.attention
-        kwargs.pop("unpadded", None)
-        normed = self.attention_norm(hidden_states) if pre_norm else hidden_states
-        qkv = packed["qkv"](normed)  # (B, L, 3H) or, unpadded, (1, T, 3H)
-        if length_groups is not None:
-            heads = length_groups.attend(qkv, attention)  # (1, T, H)
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values=None,
+        unpadded=None,
+        length_groups: LengthGroups | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """As `SeqBertSelfAttention.forward`, with the layer's `length_groups` (unpadded batches)."""
+        packed = self._packed_qkv
+        if past_key_values is not None or not _packed_applies(hidden_states, packed.dtype):
+            return super().forward(hidden_states, attention_mask, past_key_values, unpadded, **kwargs)
+        projections = (self.query, self.key, self.value)
+        if any(hooked(projection) for projection in projections):
+            qkv = torch.cat([projection(hidden_states) for projection in projections], dim=-1)
         else:
-            query, key, value = split_qkv(qkv, attention)  # (B, N, L, D) each
-            if qkv.dtype != torch.float32 and not _bf16_attention_fits(attention, attention_mask):
-                query, key, value = query.float(), key.float(), value.float()
-            heads, _ = attention.merged_heads(query, key, value, attention_mask, **kwargs)  # (B, L, H)
-            heads = heads.to(qkv.dtype)
-        hidden_states = packed["out_proj"](heads, residual=hidden_states)
-        if not pre_norm:
-            hidden_states = self.attention_norm(hidden_states)
-        normed = self.mlp_norm(hidden_states) if pre_norm else hidden_states
-        hidden_states = packed["down_proj"](packed["up_proj"](normed), residual=hidden_states)
-        return hidden_states if pre_norm else self.mlp_norm(hidden_states)
+            qkv = packed(hidden_states)  # (B, L, 3H) or, unpadded, (1, T, 3H)
+        heads, weights = self.heads(qkv, attention_mask, length_groups, unpadded, **kwargs)
+        return self.out_proj(heads), weights
+
+    def heads(
+        self,
+        qkv: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        length_groups: LengthGroups | None,
+        unpadded=None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Fused query/key/value projections (B, L, 3H), or (1, T, 3H) unpadded -> the heads side by side, (B, L, H)
+        or (1, T, H), and the attention weights where the attention implementation returns them (eager)."""
+        if length_groups is not None:
+            return length_groups.attend(qkv, self), None
+        if unpadded is not None:  # laid out one sequence per row, as the model's own attention does
+            query, key, value = (self._split_heads(part, unpadded) for part in qkv.chunk(3, dim=-1))
+        else:
+            query, key, value = split_qkv(qkv, self)  # (B, N, L, D) each
+        return self.merged_heads(query, key, value, attention_mask, unpadded, **kwargs)
+
+    def merged_heads(self, query, key, value, attention_mask, unpadded=None, **kwargs):
+        """`SeqBertAttention.merged_heads`; in bf16, in fp32 on the bf16 projections unless it is sdpa with a boolean
+        mask or none (whose CPU kernel computes its softmax in fp32 for bf16 inputs): eager attention would take its
+        softmax in bf16, and an additive fp32 mask does not fit bf16 scores. The heads come back in the projections'
+        dtype."""
+        dtype = query.dtype
+        if dtype == torch.bfloat16 and not _bf16_attention_fits(self, attention_mask):
+            query, key, value = query.float(), key.float(), value.float()
+        heads, weights = super().merged_heads(query, key, value, attention_mask, unpadded, **kwargs)
+        return heads.to(dtype), weights
 
 
 def _bf16_attention_fits(attention: nn.Module, attention_mask: torch.Tensor | None) -> bool:
@@ -119,46 +208,226 @@ def _bf16_attention_fits(attention: nn.Module, attention_mask: torch.Tensor | No
     return attention.config._attn_implementation == "sdpa" and no_float_mask
 
 
-def _takes_packed_path(layer: SeqBertLayer, hidden_states: torch.Tensor) -> bool:
-    """The packed path runs CPU inputs of the packed dtype (fp32, or bf16 for a bf16-optimized layer) outside tracing,
-    with no hooks on the modules it bypasses (transformers records `output_attentions` and `output_hidden_states` with
-    hooks); anything else takes the layer's own forward."""
-    return _packable(layer, hidden_states.device, hidden_states.requires_grad) and (
-        hidden_states.dtype == layer._packed["qkv"].dtype
+class _OptimizedMLP(SeqBertMLP):
+    """Mixed into an optimized layer's feed-forward: called as a module (where a hook watches it), its first product
+    runs packed with its activation fused (the product and the activation as modules where a hook watches one of
+    them), its second packed."""
+
+    _packed_up: PackedLinear
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        packed = self._packed_up
+        if not _packed_applies(hidden_states, packed.dtype):
+            return super().forward(hidden_states)
+        if hooked(self.up_proj) or hooked(self.act):
+            intermediate = self.act(self.up_proj(hidden_states))
+        else:
+            intermediate = packed(hidden_states)
+        return self.dropout(self.down_proj(intermediate))
+
+
+class _OptimizedLinear(nn.Linear):
+    """Mixed into the linear layers of an optimized layer: called as a module (where a hook watches it, or by its
+    attention or feed-forward module called as one), it computes `x @ W.T + b` on its own weight packed for its role's
+    kernel, in its layer's precision (packed on its first such call); elsewhere as `nn.Linear`."""
+
+    _cpu_linear: tuple[bool, torch.dtype, str]  # int8, dtype, kernel
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        int8, dtype, kernel = self._cpu_linear
+        if not _packed_applies(input, dtype):
+            return super().forward(input)
+        packed = self.__dict__.get("_packed_linear")
+        if packed is None:
+            packed = self._packed_linear = PackedLinear([self], int8, dtype, kernel)
+        return packed(input)
+
+
+class _OptimizedLayer(SeqBertLayer):
+    """Mixed into an encoder layer's class by `optimize_for_cpu_inference`: the same computation, with the layer's
+    six linear layers as three-plus-three `PackedLinear` calls (query/key/value as one; the output projection with the
+    residual added; the feed-forward's first linear with its activation; its second with the residual added), block by
+    block where a hook watches a block, outside a compiled graph, or the model's own fp32 forward where the packed
+    weights cannot serve the call (see the module docstring). Input and output have the same dtype.
+
+    Attention runs over the encoder's `LengthGroups` on the unpadded path, else the model's own attention on the
+    padded batch (in bf16 see `_OptimizedSelfAttention.merged_heads`)."""
+
+    _packed: dict[str, PackedLinear]
+    _cpu_precision: str  # "fp32", "int8" or "bf16"
+    _cpu_notes: set  # the reasons already warned about, shared by the layers of one optimized copy
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
+        length_groups = kwargs.pop("length_groups", None)
+        refusal = _refusal(self, hidden_states)
+        if refusal is None and torch.compiler.is_compiling():
+            if self._cpu_precision == "fp32":  # the model's own layer, traced into the graph
+                return super().forward(hidden_states, attention_mask, **kwargs)
+            return _outside_the_graph(self, hidden_states, attention_mask, length_groups, kwargs)
+        if refusal is not None:
+            if self._cpu_precision != "fp32":
+                _warn_once(self, refusal)
+            dtype = hidden_states.dtype
+            fp32 = hidden_states.float() if dtype == torch.bfloat16 else hidden_states
+            return super().forward(fp32, attention_mask, **kwargs).to(dtype)
+        return self.packed_forward(hidden_states, attention_mask, length_groups, kwargs)
+
+    def packed_forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        length_groups: LengthGroups | None,
+        kwargs: dict,
+    ) -> torch.Tensor:
+        """The layer on its packed weights: (B, L, H) or, unpadded, (1, T, H), fp32 or (bf16 layers) bf16 -> the
+        same shape and dtype."""
+        packed, attention = self._packed, self.attention
+        pre_norm = isinstance(self, SeqBertPreNormLayer)
+        x = hidden_states.to(packed["qkv"].dtype)
+        normed = self.attention_norm(x) if pre_norm else x
+        if _block_hooked(attention, self.attention_dropout):  # the attention module, its hooks included
+            x = x + self.attention_dropout(attention(normed, attention_mask, length_groups=length_groups, **kwargs)[0])
+        else:
+            unpadded = kwargs.pop("unpadded", None)
+            heads, _ = attention.heads(packed["qkv"](normed), attention_mask, length_groups, unpadded, **kwargs)
+            x = packed["out_proj"](heads, residual=x)
+        if not pre_norm:
+            x = self.attention_norm(x)
+        normed = self.mlp_norm(x) if pre_norm else x
+        if _block_hooked(self.mlp):
+            x = x + self.mlp(normed)
+        else:
+            x = packed["down_proj"](packed["up_proj"](normed), residual=x)
+        if not pre_norm:
+            x = self.mlp_norm(x)
+        return x.to(hidden_states.dtype)
+
+
+def _disabled(reason: str):
+    """`torch.compiler.disable` with its `reason` (what `fullgraph=True` then raises with), on torch releases that
+    take one."""
+    try:
+        return torch.compiler.disable(reason=reason)
+    except TypeError:  # torch before `reason`
+        return torch.compiler.disable
+
+
+@_disabled(
+    "optimize_for_cpu_inference's int8 and bf16 encoder layers run eagerly outside the compiled graph: oneDNN's int8 "
+    "calls quantize each input from its own range, read on the host. Compile without fullgraph=True (one graph break "
+    "per layer), or compile the model itself (fp32)"
+)
+def _outside_the_graph(layer: _OptimizedLayer, hidden_states, attention_mask, length_groups, kwargs) -> torch.Tensor:
+    """An int8 or bf16 layer's packed forward, called from a `torch.compile`d model: run eagerly (a graph break)."""
+    return layer.packed_forward(hidden_states, attention_mask, length_groups, kwargs)
+
+
+_WHY = {
+    "int8": "oneDNN's int8 kernels",
+    "bf16": "oneDNN's bf16 kernels",
+}
+
+
+@torch.compiler.disable
+def _warn_once(layer: _OptimizedLayer, reason: str) -> None:
+    """One warning per optimized copy and reason: the layers run the model's own fp32 forward, and why."""
+    if reason in layer._cpu_notes:
+        return
+    layer._cpu_notes.add(reason)
+    asked = "int8=True" if layer._cpu_precision == "int8" else "dtype=torch.bfloat16"
+    warnings.warn(
+        f"optimize_for_cpu_inference({asked}) copy: {reason}, so its encoder layers run the model's own fp32 forward "
+        f"for such calls instead of {_WHY[layer._cpu_precision]} (said once per copy). Call it on the CPU with "
+        "float32 inputs and without gradients to get its precision; to train or export, use the model you optimized",
+        UserWarning,
+        stacklevel=2,
     )
 
 
-def _packable(layer: SeqBertLayer, device: torch.device, requires_grad: bool) -> bool:
-    """`_takes_packed_path` but for the dtype."""
-    if torch.compiler.is_compiling() or device.type != "cpu":
-        return False
-    if torch.is_grad_enabled() and requires_grad:
-        return False
-    bypassed = (layer.attention, layer.mlp, *layer.attention.children(), *layer.mlp.children())
-    return not any(module._forward_hooks or module._forward_pre_hooks for module in bypassed)
+_OPTIMIZED_CLASSES: dict[tuple[type, type], type] = {}
+_ORIGINAL_CLASSES: dict[type, type] = {}
 
 
-_OPTIMIZED_CLASSES: dict[type, type] = {}
+def optimized_class(mixin: type, module_class: type) -> type:
+    """The class `mixin` + `module_class`, one per pair (so optimized copies share their classes); `module_class`
+    itself where it is one already."""
+    if issubclass(module_class, mixin):
+        return module_class
+    key = (mixin, module_class)
+    if key not in _OPTIMIZED_CLASSES:
+        name = "CpuOptimizedLinear" if module_class is nn.Linear else f"CpuOptimized{module_class.__name__}"
+        _OPTIMIZED_CLASSES[key] = type(name, (mixin, module_class), {})
+        _ORIGINAL_CLASSES[_OPTIMIZED_CLASSES[key]] = module_class
+    return _OPTIMIZED_CLASSES[key]
 
 
-def _optimized_class(mixin: type, module_class: type) -> type:
-    """The class `mixin` + `module_class` (one per pair, so optimized copies share their classes)."""
-    if module_class not in _OPTIMIZED_CLASSES:
-        _OPTIMIZED_CLASSES[module_class] = type(f"CpuOptimized{module_class.__name__}", (mixin, module_class), {})
-    return _OPTIMIZED_CLASSES[module_class]
+# What `optimize_layer` and `optimize_encoder` add to a module, and `restore_original_modules` removes.
+OPTIMIZATION_ATTRIBUTES = (
+    "_packed", "_packed_qkv", "_packed_up", "_packed_linear", "_cpu_linear", "_cpu_precision", "_cpu_notes",
+    "_cpu_dtype", "_cpu_attention", "_cpu_length_groups",
+)  # fmt: skip
 
 
-def optimize_layer(layer: SeqBertLayer, plan: "CpuInferencePlan", int8: bool, dtype: torch.dtype) -> SeqBertLayer:
-    """`layer` itself, its class mixed with `_OptimizedLayer` and its linears packed as `plan` says."""
-    layer._packed = pack_layer(layer, plan.linear_kernels, int8, dtype)
-    layer.__class__ = _optimized_class(_OptimizedLayer, type(layer))
+def optimize_layer(
+    layer: SeqBertLayer, linear_kernels: dict[str, str], int8: bool, dtype: torch.dtype, notes: set | None = None
+) -> SeqBertLayer:
+    """`layer` itself, its linears packed for `linear_kernels` (role -> kernel) and its class, its attention's, its
+    feed-forward's and its linear layers' mixed with the optimized ones; `notes`: the set of reasons already warned
+    about, shared by the layers of one copy."""
+    packed = pack_layer(layer, linear_kernels, int8, dtype)
+    for role, (linears, _, _) in layer_linears(layer).items():
+        for linear in linears:
+            linear._cpu_linear = (int8, dtype, linear_kernels[role])
+            linear.__class__ = optimized_class(_OptimizedLinear, type(linear))
+    layer.attention._packed_qkv = packed["qkv"]
+    layer.attention.__class__ = optimized_class(_OptimizedSelfAttention, type(layer.attention))
+    layer.mlp._packed_up = packed["up_proj"]
+    layer.mlp.__class__ = optimized_class(_OptimizedMLP, type(layer.mlp))
+    layer._packed = packed
+    layer._cpu_precision = "int8" if int8 else {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
+    layer._cpu_notes = set() if notes is None else notes
+    layer.__class__ = optimized_class(_OptimizedLayer, type(layer))
     return layer
 
 
-def optimize_encoder(encoder: SeqBertEncoder, plan: "CpuInferencePlan", int8: bool, dtype: torch.dtype) -> None:
-    """`encoder` and its bidirectional layers optimized in place, as `plan` says."""
-    encoder.__class__ = _optimized_class(_OptimizedEncoder, type(encoder))
-    encoder._dtype, encoder._plan = dtype, plan
+def optimize_encoder(
+    encoder: SeqBertEncoder,
+    linear_kernels: dict[str, str],
+    attention: str,
+    length_groups: int,
+    int8: bool,
+    dtype: torch.dtype,
+) -> None:
+    """`encoder` and its bidirectional layers optimized in place: `linear_kernels` (role -> kernel), the attention
+    mode and the number of length groups, as a `CpuInferencePlan` holds them."""
+    encoder.__class__ = optimized_class(_OptimizedEncoder, type(encoder))
+    encoder._cpu_dtype, encoder._cpu_attention, encoder._cpu_length_groups = dtype, attention, length_groups
+    notes: set = set()
     for layer in encoder.layers:
         if isinstance(layer, SeqBertLayer) and not layer.attention.is_causal:
-            optimize_layer(layer, plan, int8, dtype)
+            optimize_layer(layer, linear_kernels, int8, dtype, notes)
+
+
+def is_optimized(module: nn.Module) -> bool:
+    """Whether `module` or one of its modules was optimized by `optimize_for_cpu_inference`."""
+    return any(type(child) in _ORIGINAL_CLASSES for child in module.modules())
+
+
+def restore_original_modules(model: nn.Module) -> None:
+    """Undo `optimize_encoder` in place: every optimized module back to its own class, without the packed weights
+    and settings it was given."""
+    for module in model.modules():
+        module.__class__ = _ORIGINAL_CLASSES.get(type(module), type(module))
+        for name in OPTIMIZATION_ATTRIBUTES:
+            module.__dict__.pop(name, None)
+
+
+def packed_objects(model: nn.Module) -> list:
+    """The packed weights and settings `optimize_encoder` attached to `model`'s modules (what a copy that is to be
+    restored need not copy)."""
+    return [
+        module.__dict__[name]
+        for module in model.modules()
+        for name in OPTIMIZATION_ATTRIBUTES
+        if name in module.__dict__
+    ]

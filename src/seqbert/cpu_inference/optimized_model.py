@@ -17,7 +17,7 @@ from .capabilities import (
     bf16_linear_available,
     onednn_x86_operators_available,
 )
-from .optimized_layers import optimize_encoder
+from .optimized_layers import is_optimized, optimize_encoder, packed_objects, restore_original_modules
 from .plans import CpuInferencePlan, check_plan, default_timing_lengths, measured_plan
 
 
@@ -53,12 +53,21 @@ def optimize_for_cpu_inference(
     back as `plan=` (or its `to_dict()`) to skip the timing and get the same choice. In fp32, where the eager layers
     measure faster, the copy keeps them; int8 or bf16 measured slower than the fp32 eager model warns once, with both
     times. Measurements are cached per process by everything that changes them (`plans.plan_key`: precision, shapes,
-    attention implementation, training mode, threads, CPU capability and class).
+    attention implementation, training mode, threads, CPU capability and class), timed one at a time however many
+    threads call, and each copy holds a plan of its own (`measurements["from_cache"]` and the log say whether it was
+    reused).
 
-    Attention, LayerNorms, embeddings, heads and the decoder of a seq2seq model run as in `model`; so does every layer
-    while gradients flow into it, under `torch.compile`/`torch.export`, off the CPU, and when transformers records
-    per-layer outputs (`output_attentions`, `output_hidden_states`). Any batch size or length runs without further
-    preparation.
+    The precision holds in every call form (`optimized_layers`): recorded per-layer outputs (`output_hidden_states`,
+    `output_attentions`: transformers' recorders read the optimized layers' outputs, in fp32), forward hooks on a
+    layer, its attention, its feed-forward or one of their linear layers (the watched block runs as a call of its
+    module, in the same precision, so a hook sees its outputs and may change them), recorder hooks that transformers
+    left on `model` before it was optimized, and `torch.compile` (int8 and bf16 layers run eagerly outside the graph,
+    a graph break per layer; with `fullgraph=True` compiling raises, naming why). Where the packed weights cannot serve
+    a call (gradients flowing into the encoder, inputs off the CPU or of another dtype, `torch.export`,
+    `torch.jit.trace`) the layers run the model's own fp32 forward, and an int8 or bf16 copy says so in one warning per
+    reason. Attention, LayerNorms, embeddings, heads and the decoder of a seq2seq model run as in `model`. Any batch
+    size or length runs without further preparation. An optimized copy given as `model` is optimized afresh from its
+    fp32 weights, as the model it was made from would be; `copy.deepcopy` of a copy packs the copied weights anew.
 
     fp32 results differ from the eager model in the last bits (the kernels sum in another order): within 1e-5 of
     BERT's hidden states on real text, whichever kernels the plan holds. fp32 runs on every CPU: where oneDNN's x86
@@ -72,7 +81,8 @@ def optimize_for_cpu_inference(
     quantized to 7 bits so that the products stay exact (`int8_weight_levels`).
 
     With `dtype=torch.bfloat16` the encoder layers compute in bf16 (Kalamkar et al. 2019, "A Study of BFLOAT16 for
-    Deep Learning Training"): weights rounded to bf16 once, hidden states bf16 between the encoder's layers, every
+    Deep Learning Training"): weights rounded to bf16 once, hidden states bf16 between the encoder's layers (handed
+    over in fp32 where a hook or recorder watches a layer, the values still bf16's), every
     matrix product accumulated in fp32 inside oneDNN, LayerNorm statistics and the attention softmax computed in fp32
     (torch's mixed-dtype LayerNorm and its CPU flash attention do so for bf16 inputs; other attention, eager or with
     an additive mask, runs in fp32 on the bf16 projections), and the embeddings, pooler and heads in fp32 as before,
@@ -110,7 +120,9 @@ def optimize_for_cpu_inference(
 
     Warns:
         UserWarning: the timing rounds disagreed and this CPU class's default plan runs; int8 or bf16 measured slower
-            than the fp32 eager model (once per measurement); bf16 on a CPU without bf16 instructions (once).
+            than the fp32 eager model (once per measurement); bf16 on a CPU without bf16 instructions (once). The
+            copy, when called: int8 or bf16 layers run the model's own fp32 forward for a call their packed weights
+            cannot serve (once per copy and reason).
     """
     if not isinstance(model, SeqBertPreTrainedModel):
         raise TypeError(f"model must be a SeqBERT model (SeqBertPreTrainedModel), got {type(model).__name__}")
@@ -122,6 +134,9 @@ def optimize_for_cpu_inference(
         raise ValueError(f"dtype ({dtype}) must be torch.float32 or torch.bfloat16")
     if int8 and dtype != torch.float32:
         raise ValueError(f"int8=True computes in int8 with fp32 outputs: leave dtype at torch.float32, got {dtype}")
+    copied = is_optimized(model)
+    if copied:  # an optimized copy: optimized again from its own fp32 weights, as the model it was made from
+        model = _unoptimized_copy(model)
     for name, parameter in model.named_parameters():
         if parameter.device.type != "cpu" or parameter.dtype != torch.float32:
             raise ValueError(
@@ -155,20 +170,35 @@ def optimize_for_cpu_inference(
     if plan is None:
         plan = measured_plan(encoders[0][0][1], int8, dtype, lengths, len(encoders[0]))
         measured = plan.measurements
+        when = (
+            f"reused from this process's cache (the same key was timed earlier, in {measured['seconds']} s)"
+            if measured["from_cache"]
+            else f"measured in {measured['seconds']} s"
+        )
         logger.info(
             f"optimize_for_cpu_inference({'int8' if int8 else dtype}): {plan.summary()}; chosen by "
-            f"{measured['chosen_by']}; measured in {measured['seconds']} s at {measured['threads']} thread(s), CPU "
-            f"capability {measured['cpu_capability']}, class {measured['cpu_class']}"
+            f"{measured['chosen_by']}; {when} at {measured['threads']} thread(s), CPU capability "
+            f"{measured['cpu_capability']}, class {measured['cpu_class']}"
         )
     else:
-        plan = check_plan(plan, int8, dtype)
-    optimized = copy.deepcopy(model).eval().requires_grad_(False)
+        plan = check_plan(plan, int8, dtype).copy()
+    optimized = (model if copied else copy.deepcopy(model)).eval().requires_grad_(False)
     optimized.cpu_inference_plan = plan
     if plan.eager_layers:
         return optimized
     for encoder in (module for module in optimized.modules() if isinstance(module, SeqBertEncoder)):
-        optimize_encoder(encoder, plan, int8, dtype)
+        optimize_encoder(encoder, plan.linear_kernels, plan.attention, plan.length_groups, int8, dtype)
     return optimized
+
+
+def _unoptimized_copy(model: SeqBertPreTrainedModel) -> SeqBertPreTrainedModel:
+    """A deep copy of an optimized copy, its modules back to their own classes: its packed weights are not copied
+    (the copy is optimized afresh), nor its plan."""
+    memo = {id(packed): None for packed in packed_objects(model)}
+    plain = copy.deepcopy(model, memo)
+    restore_original_modules(plain)
+    plain.__dict__.pop("cpu_inference_plan", None)
+    return plain
 
 
 def _check_cpu(int8: bool, dtype: torch.dtype) -> None:

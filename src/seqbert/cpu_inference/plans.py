@@ -13,9 +13,12 @@ How the timing keeps its answer when other processes use the CPU (our own proced
   the default, on a quiet machine and a loaded one alike. In fp32 the optimized layers replace the eager ones only
   where faster by more than `MARGIN` too;
 - the rounds of the layer step are trusted only where they agree: each candidate's fastest quarter of rounds within
-  `MAX_SPREAD` of its fastest round, and the process given at least `MIN_CPU_SHARE` of its threads' time on a core
-  (CPU time over wall time x threads). Otherwise the result is the default plan of this CPU class, with a warning that
-  says how to pin a plan (`plan=`).
+  `MAX_SPREAD` of its fastest round, and the process given at least `MIN_CPU_SHARE` of the CPU time its threads could
+  use (CPU time over wall time x `capabilities.usable_cpus()`: its threads, at most the cores it may run on and its
+  cgroup's CPU quota). Otherwise the result is the default plan of this CPU class, with a warning that says how to pin
+  a plan (`plan=`);
+- timings in one process run one at a time (a lock), so that two `optimize_for_cpu_inference` calls in two threads
+  do not time their candidates against each other; processes are not coordinated.
 """
 
 import copy
@@ -23,6 +26,7 @@ import dataclasses
 import functools
 import os
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -34,7 +38,7 @@ from transformers.masking_utils import create_bidirectional_mask
 from ..attention_backends import UnpaddedBatch
 from ..modeling_seqbert import SeqBertLayer
 from ..transformers_compat import mask_arguments
-from .capabilities import cpu_class, int8_products_saturate, linear_kernels_available
+from .capabilities import cgroup_cpu_limit, cpu_class, int8_products_saturate, linear_kernels_available, usable_cpus
 from .length_groups import ATTENTION_MODES, LENGTH_GROUPS, LengthGroups
 from .linear_kernels import PackedLinear
 from .optimized_layers import ROLES, layer_linears, optimize_layer
@@ -49,8 +53,8 @@ MARGIN = 0.10
 # The rounds of the layer step agree when each candidate's fastest quarter of rounds lies within 25 % of its fastest
 # round (on the quiet Zen 4: 0.4-19 %; at 2 threads beside a spinning process: 28-52 %) ...
 MAX_SPREAD = 0.25
-# ... and the process had at least 85 % of its threads' time on a core (CPU time over wall time x threads) while the
-# linear kernels and the layers ran. On the quiet Zen 4 at 2 threads: 0.99-1.0 (waiting OpenMP threads spin), 0.90
+# ... and the process had at least 85 % of the CPU time its threads could use (CPU time over wall time x
+# `usable_cpus()`, which a cgroup quota below the thread count lowers) while the linear kernels and the layers ran. On the quiet Zen 4 at 2 threads: 0.99-1.0 (waiting OpenMP threads spin), 0.90
 # under OMP_WAIT_POLICY=PASSIVE; beside one process spinning on the CPU: 0.62-0.77 (three threads on two cores), less
 # under heavier load. At one thread beside it, on the other core: 1.0 (the share cannot see a busy sibling core).
 MIN_CPU_SHARE = 0.85
@@ -75,7 +79,8 @@ class CpuInferencePlan:
             optimized ones, or this CPU class's default).
         measurements (`dict`): how the plan was chosen (the fastest round's milliseconds per candidate, the spread of
             the rounds, the CPU share, threads, CPU capability and class, seconds spent, the timing batch, and
-            `chosen_by`: "measurement" or why the class's default plan stands); empty for a given plan. Not compared.
+            `chosen_by`: "measurement" or why the class's default plan stands; on a copy's plan, `from_cache`: whether
+            it was reused from an earlier call in this process); empty for a given plan. Not compared.
     """
 
     linear_kernels: dict[str, str]
@@ -83,6 +88,10 @@ class CpuInferencePlan:
     length_groups: int = 4
     eager_layers: bool = False
     measurements: dict = dataclasses.field(default_factory=dict, compare=False)
+
+    def copy(self) -> "CpuInferencePlan":
+        """The same plan with measurements of its own (a deep copy), as each optimized copy holds one."""
+        return dataclasses.replace(self, measurements=copy.deepcopy(self.measurements))
 
     def to_dict(self) -> dict:
         """The plan as plain JSON-ready values (measurements included)."""
@@ -217,9 +226,9 @@ class TimedRounds:
         return times[len(times) // 4] / times[0] - 1
 
     def cpu_share(self, names: list[str]) -> float:
-        """CPU time of this process over wall time x threads while `names` ran: about 1 where its threads had the
-        cores to themselves (waiting OpenMP threads spin), less where other processes took them."""
-        wall = sum(self.wall_seconds[name] for name in names) * torch.get_num_threads()
+        """CPU time of this process over wall time x `usable_cpus()` while `names` ran: about 1 where its threads had
+        the cores they could use to themselves (waiting OpenMP threads spin), less where other processes took them."""
+        wall = sum(self.wall_seconds[name] for name in names) * usable_cpus()
         return sum(self.cpu_seconds[name] for name in names) / max(wall, 1e-9)
 
 
@@ -251,6 +260,23 @@ def _fastest(times: dict[str, float]) -> str:
     return min(times, key=times.get)
 
 
+# Held while a plan is timed: timings in one process run one at a time (reentrant: `measured_plan` holds it around
+# its cache look-up and the timing it starts).
+_TIMING_LOCK = threading.RLock()
+
+
+def _one_at_a_time(function: Callable) -> Callable:
+    """`function` run under `_TIMING_LOCK`."""
+
+    @functools.wraps(function)
+    def locked(*args, **kwargs):
+        with _TIMING_LOCK:
+            return function(*args, **kwargs)
+
+    return locked
+
+
+@_one_at_a_time
 @torch.inference_mode()
 def measure_plan(
     layer: SeqBertLayer,
@@ -344,7 +370,7 @@ def measure_plan(
         chosen[role] = _fastest(times)
     cpu = sum(sum(timed.cpu_seconds.values()) for timed in linear_rounds)
     wall = sum(sum(timed.wall_seconds.values()) for timed in linear_rounds)
-    cpu_share = cpu / max(wall * torch.get_num_threads(), 1e-9)
+    cpu_share = cpu / max(wall * usable_cpus(), 1e-9)
     if cpu_share < MIN_CPU_SHARE:  # contended already: the rest would measure the load too
         reason = _low_share(cpu_share, "while the linear kernels were timed")
         return _default_stands(default, [reason], measurements, precision, started)
@@ -373,7 +399,10 @@ def measure_plan(
 
     # 3. whole layers as they serve: the default plan's, the measured plan's where it differs, the eager one
     layer_plans = {"default": default} | ({} if measured.same_layers(default) else {"measured": measured})
-    layers = {name: optimize_layer(copy.deepcopy(layer), plan, int8, dtype) for name, plan in layer_plans.items()}
+    layers = {
+        name: optimize_layer(copy.deepcopy(layer), plan.linear_kernels, int8, dtype)
+        for name, plan in layer_plans.items()
+    }
     if unpadded_path:
         group_options = {name: (plan.length_groups, plan.attention) for name, plan in layer_plans.items()}
         candidates = {
@@ -434,9 +463,12 @@ def measure_plan(
 
 
 def _low_share(cpu_share: float, when: str) -> str:
+    usable, quota = usable_cpus(), cgroup_cpu_limit()
+    limit = f"; {usable:g} of {torch.get_num_threads()} thread(s) usable" if usable < torch.get_num_threads() else ""
+    limit += f", the cgroup's CPU quota is {quota:g} core(s)" if quota is not None else ""
     return (
-        f"this process had {cpu_share:.0%} of its {torch.get_num_threads()} thread(s)' time on a core {when}, less "
-        f"than {MIN_CPU_SHARE:.0%}"
+        f"this process had {cpu_share:.0%} of the CPU time its thread(s) could use {when}, less than "
+        f"{MIN_CPU_SHARE:.0%}{limit}"
     )
 
 
@@ -513,11 +545,19 @@ def _all_linears(layer: SeqBertLayer) -> list:
 def measured_plan(
     layer: SeqBertLayer, int8: bool, dtype: torch.dtype, lengths: list[int], num_layers: int
 ) -> CpuInferencePlan:
-    """`measure_plan`'s answer for this key (`plan_key`), measured once per process."""
+    """`measure_plan`'s answer for this key (`plan_key`), measured once per process (one timing at a time, however
+    many threads ask), as a copy of its own: `measurements["from_cache"]` says whether an earlier call measured it."""
     key = plan_key(layer, int8, dtype, lengths, num_layers)
-    if key not in _MEASURED_PLANS:
-        _MEASURED_PLANS[key] = measure_plan(layer, int8, dtype, lengths, num_layers=num_layers)
-    return _MEASURED_PLANS[key]
+    with _TIMING_LOCK:
+        cached = _MEASURED_PLANS.get(key)
+        if cached is None:
+            cached = _MEASURED_PLANS[key] = measure_plan(layer, int8, dtype, lengths, num_layers=num_layers)
+            from_cache = False
+        else:
+            from_cache = True
+    plan = cached.copy()
+    plan.measurements["from_cache"] = from_cache
+    return plan
 
 
 def check_plan(plan, int8: bool, dtype: torch.dtype) -> CpuInferencePlan:
