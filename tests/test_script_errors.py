@@ -1,12 +1,13 @@
 """The example scripts on bad input: a missing or empty data file, a column the data lacks, a maximum length beyond the
-model's learned positions. Each must stop with exit status 2 and a one-line message naming the argument and its value
-(no traceback), before anything is written to `--output_dir`.
+model's learned positions, FSDP asked for on the CPU (in transformers 5's form, `--fsdp` with `--fsdp_config`, and in
+the older string form while transformers takes it). Each must stop with exit status 2 and a one-line message naming
+the argument and its value (no traceback), before anything is written to `--output_dir`.
 
-Every case goes through each script's `main`, which raises `ScriptInputError`; one case per script also runs as the
-command users type (the script run as `__main__`: its exit status, the one line on stderr, the output folder). Those
-run in the one subprocess that also prints every script's `--help` (`script_runs`: one torch and transformers import,
-about 7 s, instead of one per command); they stop before any model is loaded, and the line they print is `run_cli`'s,
-the same for every case (tested directly below)."""
+Every case goes through each script's `main`, which raises `ScriptInputError`; one case per script (two for
+`run_classification.py`) also runs as the command users type (the script run as `__main__`: its exit status, the one
+line on stderr, the output folder). Those run in the one subprocess that also prints every script's `--help`
+(`script_runs`: one torch and transformers import, about 7 s, instead of one per command); they stop before any model
+is loaded, and the line they print is `run_cli`'s, the same for every case (tested directly below)."""
 
 import argparse
 import ast
@@ -24,8 +25,9 @@ import pythonbible as bible
 import run_classification  # noqa: E402
 import run_mlm  # noqa: E402
 import run_seq2seq  # noqa: E402
+import transformers
 from conftest import ROOT, SCRIPT_PATHS
-from transformers import BertConfig
+from transformers import BertConfig, TrainingArguments
 
 import seqbert
 from seqbert.data import rotten_tomatoes_path
@@ -73,6 +75,10 @@ CASES = [
     ),
     Case("run_classification.py", "too-long", ("--max_seq_length", "1024"), "max_seq_length", "1024"),
     Case(
+        "run_classification.py", "fsdp-on-cpu", (*REVIEWS, "--fsdp"), "--fsdp was given", "instead of FSDP",
+        command_line=True,
+    ),
+    Case(
         "run_seq2seq.py", "missing-file", (*PAIRS, "--validation_file", "{data}/nonexistent.jsonl"),
         "validation_file", "{data}/nonexistent.jsonl", command_line=True,
     ),
@@ -104,6 +110,8 @@ MAIN_CASES = [
     Case("run_mlm.py", "missing-validation-file", ("--validation_file", "{data}/nonexistent.jsonl"), "validation_file", "nonexistent.jsonl"),
     Case("run_mlm.py", "no-full-block", (*VERSES, "--max_seq_length", "512"), "max_seq_length", "512"),  # 8 verses fill no block of 512
     Case("run_mlm.py", "no-train-samples", ("--max_train_samples", "0"), "max_train_samples", "0"),
+    Case("run_mlm.py", "fsdp-on-cpu", ("--fsdp",), "--fsdp was given", "instead of FSDP"),
+    Case("run_seq2seq.py", "fsdp-config-on-cpu", (*PAIRS, "--fsdp", "--fsdp_config", "{data}/fsdp_config.json"), "--fsdp was given", "instead of FSDP"),
     Case("run_mlm.py", "beyond-learned-positions", ("--config_overrides", "max_position_embeddings=64", "--max_seq_length", "65"), "max_seq_length", "65"),
 ]  # fmt: skip
 COMMAND_LINE_CASES = [case for case in CASES if case.command_line]
@@ -129,6 +137,7 @@ def data_dir(tmp_path_factory) -> Path:
     (folder / "verses.txt").write_text("\n".join(pairs.source) + "\n")
     (folder / "no_lines.jsonl").write_text("")
     (folder / "no_lines.txt").write_text("")
+    (folder / "fsdp_config.json").write_text(json.dumps({"version": 2, "reshard_after_forward": True}))
     return folder
 
 
@@ -163,7 +172,10 @@ def test_bad_input_stops_with_a_one_line_message_before_writing_output(case, scr
 
 
 @pytest.mark.parametrize("case", CASES + MAIN_CASES, ids=lambda case: case.id)
-def test_every_case_raises_a_script_input_error_from_main_before_writing_output(case, data_dir, tmp_path):
+def test_every_case_raises_a_script_input_error_from_main_before_writing_output(case, data_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv(
+        "FSDP_CPU_RAM_EFFICIENT_LOADING", raising=False
+    )  # what transformers sets for --fsdp: undone after
     output_dir = tmp_path / "output"
     if case.existing_output:
         output_dir.mkdir()
@@ -179,6 +191,26 @@ def test_every_case_raises_a_script_input_error_from_main_before_writing_output(
         assert (output_dir / "marker.txt").read_text() == MARKER
     else:
         assert not output_dir.exists()
+
+
+def test_fsdp_in_its_older_string_form_and_from_an_accelerate_config_is_refused_on_cpu(data_dir, tmp_path, monkeypatch):
+    """`--fsdp full_shard`, the string form transformers 5.24 still takes (with a deprecation warning, moving it into
+    `fsdp_config`), and an accelerate FSDP config (`ACCELERATE_USE_FSDP=true`) are refused on the CPU as `--fsdp` is,
+    before anything is written; the string form as long as transformers takes it."""
+    monkeypatch.delenv("FSDP_CPU_RAM_EFFICIENT_LOADING", raising=False)
+    output_dir = tmp_path / "output"
+    arguments = ["--train_file", str(data_dir / "reviews.csv"), "--validation_file", str(data_dir / "reviews.csv")]
+    arguments += ["--output_dir", str(output_dir), "--cache_dir", str(tmp_path / "cache")]
+    try:
+        TrainingArguments(output_dir=str(tmp_path / "probe"), fsdp="full_shard")
+    except (TypeError, ValueError) as error:
+        pytest.skip(f"transformers {transformers.__version__} no longer takes fsdp='full_shard': {error}")
+    with pytest.raises(ScriptInputError, match=r"^--fsdp was given, but accelerate set up NO instead of FSDP"):
+        run_classification.main([*arguments, "--fsdp", "full_shard"])
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.raises(ScriptInputError, match=r"^an accelerate FSDP config \(ACCELERATE_USE_FSDP=true\) was given"):
+        run_classification.main(arguments)
+    assert not output_dir.exists()
 
 
 def test_position_limit_binds_learned_positions_only():

@@ -225,7 +225,8 @@ def check_distributed_launch(training_args: TrainingArguments) -> None:
     """
     Raise `ScriptInputError` (a `ValueError`) when the script was started as several processes (torchrun, accelerate
     launch) but transformers did not set up distributed training, so that each process would train alone on all the
-    data (with transformers 5 on a machine without GPU this happens unless `--use_cpu` is given).
+    data (with transformers 5 on a machine without GPU this happens unless `--use_cpu` is given); or when FSDP was
+    asked for on the CPU, where accelerate never sets it up (`fsdp_requested`; `check_fsdp` checks the trainer too).
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size > 1 and training_args.parallel_mode != ParallelMode.DISTRIBUTED:
@@ -234,24 +235,54 @@ def check_distributed_launch(training_args: TrainingArguments) -> None:
             f"parallel_mode={training_args.parallel_mode.value!r}, so each process would train alone on all the data: "
             "on a machine without GPU add --use_cpu (DDP over CPU processes with the gloo backend)"
         )
+    asked = fsdp_requested(training_args)
+    if asked is not None and training_args.device.type == "cpu":
+        state = getattr(training_args, "distributed_state", None)
+        distributed_type = getattr(getattr(state, "distributed_type", None), "value", "no distributed training")
+        raise ScriptInputError(_fsdp_refusal(asked, distributed_type))
+
+
+def fsdp_requested(training_args: TrainingArguments) -> str | None:
+    """
+    How FSDP was asked for, as the scripts' messages name it, or None where it was not:
+
+    - `--fsdp` (`fsdp=True`), transformers 5's form, its settings in `--fsdp_config` (a JSON file or dict);
+    - the older string or list forms (`--fsdp full_shard`, `--fsdp "full_shard auto_wrap"`), which transformers 5.24
+      still accepts with a deprecation warning: it moves them into `fsdp_config` and sets `fsdp=True`, so they read
+      as `--fsdp` here (on releases that keep them as given, they are named as given);
+    - an accelerate FSDP config (`accelerate launch --config_file fsdp.yaml`), which sets `ACCELERATE_USE_FSDP=true`.
+    """
+    fsdp = training_args.fsdp
+    if fsdp is True:
+        return "--fsdp"
+    if fsdp:  # a string or list transformers kept as given
+        return f"--fsdp {' '.join(str(getattr(option, 'value', option)) for option in _as_list(fsdp))!r}"
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        return "an accelerate FSDP config (ACCELERATE_USE_FSDP=true)"
+    return None
+
+
+def _as_list(value) -> list:
+    return value.split() if isinstance(value, str) else list(value)
+
+
+def _fsdp_refusal(asked: str, distributed_type: str) -> str:
+    return (
+        f"{asked} was given, but accelerate set up {distributed_type} instead of FSDP: FSDP needs several accelerator "
+        "processes (e.g. `accelerate launch --config_file scripts/examples/accelerate/fsdp.yaml ...`, or `torchrun "
+        "... --fsdp --fsdp_config CONFIG.json` on GPUs); on CPU use DDP (torchrun ... --use_cpu) without --fsdp"
+    )
 
 
 def check_fsdp(trainer) -> None:
     """
-    Raise `ValueError` when FSDP was asked for (`--fsdp`, or an accelerate FSDP config, which sets
-    `ACCELERATE_USE_FSDP=true`) but accelerate did not set it up. accelerate enables FSDP only on accelerators (GPU,
-    XPU, NPU, ...): on CPU processes it silently trains with DDP instead.
+    Raise `ScriptInputError` (a `ValueError`) when FSDP was asked for (`fsdp_requested`: `--fsdp`, its older string
+    forms, or an accelerate FSDP config) but accelerate did not set it up. accelerate enables FSDP only on accelerators
+    (GPU, XPU, NPU, ...): on CPU processes it silently trains with DDP instead.
     """
-    from_config = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
-    if (trainer.args.fsdp or from_config) and not trainer.is_fsdp_enabled:
-        asked = (
-            f"fsdp ({trainer.args.fsdp!r})" if trainer.args.fsdp else "an accelerate FSDP config (ACCELERATE_USE_FSDP)"
-        )
-        raise ValueError(
-            f"{asked} was given, but accelerate set up {trainer.accelerator.distributed_type.value} "
-            "instead of FSDP: FSDP needs several accelerator processes (e.g. `accelerate launch --config_file "
-            "scripts/examples/accelerate/fsdp.yaml ...` on GPUs); on CPU use DDP (torchrun ... --use_cpu) without --fsdp"
-        )
+    asked = fsdp_requested(trainer.args)
+    if asked is not None and not trainer.is_fsdp_enabled:
+        raise ScriptInputError(_fsdp_refusal(asked, trainer.accelerator.distributed_type.value))
 
 
 # Values of `--resume_from_checkpoint` (any case) that ask for the newest checkpoint in `--output_dir`.
