@@ -100,7 +100,10 @@ def _refusal(layer: "_OptimizedLayer", hidden_states: torch.Tensor) -> str | Non
             "kernels have no backward"
         )
     if _tracing():
-        return "torch.export or torch.jit.trace traces the model, and oneDNN's packed kernels have no traced form"
+        return (
+            "torch.export or torch.jit.trace traces the model, and the packed kernels are not exported (oneDNN's "
+            "packed weights, and int8's input scale read on the host at each call)"
+        )
     return None
 
 
