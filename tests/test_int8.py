@@ -63,6 +63,11 @@ def test_uint8_quantization_round_trips_within_half_a_step(real_activations):
         assert (q[x == 0] == zero_point).all()  # zero is exact
     low, high = seen["down"].min().item(), seen["down"].max().item()  # GELU outputs: a range from about -0.17 up
     assert quantize_per_tensor_uint8(seen["down"])[1] == pytest.approx((high - low) / 253)
+    for bad in (float("nan"), float("inf")):  # 8 bits cannot hold them: a clear error, not a deep one
+        broken = seen["up"].clone()
+        broken[3, 7] = bad
+        with pytest.raises(ValueError, match=r"int8 layer's input holds NaN or an infinity \(its range is \["):
+            quantize_per_tensor_uint8(broken)
 
 
 def _exact_product(linear: torch.nn.Linear, x: torch.Tensor, levels: int) -> torch.Tensor:

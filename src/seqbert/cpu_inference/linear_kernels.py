@@ -183,8 +183,16 @@ def quantize_per_tensor_uint8(x: torch.Tensor) -> tuple[torch.Tensor, float, int
 
     Returns:
         `(q, scale, zero_point)`: q uint8 with `x`'s shape, scale a float > 0, zero_point an int in [0, 253].
+
+    Raises:
+        ValueError: `x` holds NaN or an infinity, which 8 bits cannot hold (fp32 layers would pass them on).
     """
     low, high = x.amin().item(), x.amax().item()
+    if not (math.isfinite(low) and math.isfinite(high)):
+        raise ValueError(
+            f"an int8 layer's input holds NaN or an infinity (its range is [{low}, {high}]), which int8 cannot "
+            "quantize: find where the model's hidden states stop being finite (the fp32 model shows it too)"
+        )
     low, high = min(low, 0.0), max(high, 0.0)
     scale = max((high - low) / 253, torch.finfo(torch.float32).tiny)
     zero_point = math.ceil(-low / scale)  # x / scale + zero_point lies in [0, 254)
