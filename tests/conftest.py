@@ -382,20 +382,21 @@ def pytest_configure(config) -> None:
 
 def other_processes_cpu_share(seconds: float = 0.5) -> float | None:
     """The share of the machine's CPU time that other processes (and, in a virtual machine, its host: steal time)
-    took while this process slept for `seconds`, from Linux's `/proc/stat` (None elsewhere)."""
+    took while this process slept for `seconds`, from Linux's `/proc/stat`, less this process's own CPU time (its
+    OpenMP threads spin a while after their work) (None elsewhere)."""
 
-    def busy_and_total() -> tuple[int, int]:
+    def busy_and_total() -> tuple[float, float]:
         with open("/proc/stat") as stat:
             ticks = [int(value) for value in stat.readline().split()[1:]]
         idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle, iowait
-        return sum(ticks[:8]) - idle, sum(ticks[:8])
+        return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK"), sum(ticks[:8]) / os.sysconf("SC_CLK_TCK")
 
     if not os.path.exists("/proc/stat"):
         return None
-    busy, total = busy_and_total()
+    (busy, total), own = busy_and_total(), time.process_time()
     time.sleep(seconds)
-    busy_after, total_after = busy_and_total()
-    return (busy_after - busy) / max(total_after - total, 1)
+    (busy_after, total_after), own_after = busy_and_total(), time.process_time()
+    return max(busy_after - busy - (own_after - own), 0.0) / max(total_after - total, 1e-9)
 
 
 class BusyProcess:
