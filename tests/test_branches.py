@@ -11,7 +11,7 @@ import torch
 from conftest import tiny_config
 
 import seqbert
-from seqbert import convert_bert
+from seqbert import checkpoint_loading, convert_bert
 from seqbert.modeling_seqbert import loss_divisor
 from seqbert.peft_integration import register_peft_target_modules
 from seqbert.transformers_compat import CACHE_NAME
@@ -92,13 +92,13 @@ def test_peft_target_modules_registered_by_hand():
     assert tables == {name: dict(table) for name, table in vars(constants).items() if isinstance(table, dict)}
 
 
-# convert_bert: damaged weight files and indexes
+# checkpoint_loading: damaged weight files and indexes
 
 
 def test_an_empty_pickled_weights_file_is_named(tmp_path):
     path = tmp_path / "pytorch_model.bin"
     path.write_bytes(b"")
-    assert "0 bytes" in convert_bert.weights_file_problem(path)
+    assert "0 bytes" in checkpoint_loading.weights_file_problem(path)
 
 
 def test_a_truncated_torch_save_archive_is_named(tmp_path):
@@ -106,7 +106,7 @@ def test_a_truncated_torch_save_archive_is_named(tmp_path):
     torch.save({"w": torch.ones(64)}, path)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
-    assert "end is missing" in convert_bert.weights_file_problem(path)
+    assert "end is missing" in checkpoint_loading.weights_file_problem(path)
 
 
 def test_a_torch_save_archive_with_a_bad_checksum_is_named(tmp_path):
@@ -119,13 +119,13 @@ def test_a_torch_save_archive_with_a_bad_checksum_is_named(tmp_path):
                                  for i in (26, 28))  # fmt: skip
     data[member.header_offset + 30 + name_length + extra_length + 3] ^= 0xFF  # a byte of the member's data
     path.write_bytes(bytes(data))
-    assert "fails its checksum" in convert_bert.weights_file_problem(path)
+    assert "fails its checksum" in checkpoint_loading.weights_file_problem(path)
 
 
 def test_a_legacy_pickle_is_not_judged_without_unpickling(tmp_path):
     path = tmp_path / "pytorch_model.bin"
     torch.save({"w": torch.ones(4)}, path, _use_new_zipfile_serialization=False)
-    assert convert_bert.weights_file_problem(path) is None
+    assert checkpoint_loading.weights_file_problem(path) is None
 
 
 @pytest.mark.parametrize("index", [{}, {"weight_map": {}}, [1, 2]])
@@ -133,7 +133,7 @@ def test_a_weight_index_without_a_weight_map_is_named(tmp_path, index):
     path = tmp_path / "model.safetensors.index.json"
     path.write_text(json.dumps(index))
     with pytest.raises(OSError, match="no weight_map naming the shard files"):
-        convert_bert._index_shards(path)
+        checkpoint_loading._index_shards(path)
 
 
 def test_encoder_decoder_configs_seqbert_cannot_take_are_refused():

@@ -462,7 +462,7 @@ def test_a_saved_torchao_folder_loads_without_seqbert(quantized, tmp_path):
 
 
 def test_the_load_check_reads_quantized_weights_through_their_values(quantized):
-    from seqbert.convert_bert import non_finite_weights_error
+    from seqbert.checkpoint_loading import non_finite_weights_error
 
     model, _ = quantized["torchao_int8_weight_only"]["seqbert"]
     assert non_finite_weights_error(model, "check") is None

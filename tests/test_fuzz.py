@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import seqbert
-from seqbert.convert_bert import MismatchedSizesError
+from seqbert.checkpoint_loading import MismatchedSizesError
 
 
 pytestmark = pytest.mark.fuzz

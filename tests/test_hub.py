@@ -33,6 +33,7 @@ CODE_FILES = {
     "configuration_seqbert.py",
     "modeling_seqbert.py",
     "convert_bert.py",
+    "checkpoint_loading.py",
     "attention_backends.py",
     "input_checks.py",
     "packed_cpu_linears.py",

@@ -25,7 +25,7 @@ from transformers.testing_utils import CaptureLogger
 from transformers.utils import logging
 
 import seqbert
-from seqbert import convert_bert
+from seqbert import checkpoint_loading
 from seqbert.convert_bert import split_fused_attention
 
 
@@ -316,7 +316,7 @@ def test_truncated_pickled_weights(request, tmp_path, loader):
 
 def test_safetensors_file_problem_accepts_sound_files(minilm_path, seqbert_folder, bert_folder):
     for folder in (minilm_path, seqbert_folder, bert_folder):
-        assert convert_bert.safetensors_file_problem(folder / "model.safetensors") is None
+        assert checkpoint_loading.safetensors_file_problem(folder / "model.safetensors") is None
 
 
 # ----------------------------------------------------------------------------------------------------------------------

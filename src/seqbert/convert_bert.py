@@ -36,28 +36,36 @@ A transformers `EncoderDecoderModel` stores its encoder under `encoder.` and its
 
 import contextlib
 import functools
-import json
 import logging as pylogging
-import os
 import re
-import zipfile
 
 import torch
-from safetensors import safe_open
-from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
+from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 from transformers.modeling_utils import load_state_dict
 from transformers.utils import cached_file, logging
 
+from .checkpoint_loading import (
+    _FUSED_ATTENTION,
+    _REDOWNLOAD,
+    PICKLE_FILES,
+    SAFETENSORS_FILES,
+    _corrupt,
+    _index_shards,
+    _listed,
+    _missing_shard,
+    checkpoint_config_dict,
+    find_checkpoint_problem,
+    mismatched_sizes_error,
+    non_finite_weights_error,
+    refuse_pickled_weights,
+    safetensors_file_problem,
+    weights_file_problem,
+)
 from .configuration_seqbert import SeqBertConfig
 
 
 logger = logging.get_logger(__name__)
 
-
-# Weight files in the order transformers' own loader prefers them. Pickled `.bin` files are read only on request
-# (`use_safetensors=False`): unpickling a file from an untrusted source can run code.
-_SAFETENSORS_FILES = ("model.safetensors", "model.safetensors.index.json")
-_PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 
 # BERT sizes that encoder and decoder of one SeqBERT model share.
 _SHARED_BERT_FIELDS = (
@@ -163,24 +171,7 @@ def bert_state_dict_to_seqbert(
     return _convert(state_dict, config, role)
 
 
-# seqbert 0.1.0 fused each attention's projections: `qkv_proj` (self-attention: query, key, value) and, in the
-# decoder's cross-attention, `q_proj` and `kv_proj` (key, value), concatenated along the output dimension.
-_FUSED_ATTENTION = re.compile(r"^(.*)\.(qkv_proj|kv_proj|q_proj)\.(weight|bias)$")
 _FUSED_PARTS = {"qkv_proj": ("query", "key", "value"), "kv_proj": ("key", "value"), "q_proj": ("query",)}
-
-
-def fused_attention_error(unexpected_keys, where: str) -> ValueError | None:
-    """The error for a checkpoint whose unexpected keys are seqbert 0.1.0's fused attention projections (the model's
-    query, key and value would keep their random initialisation), or None when there are none."""
-    fused = sorted(key for key in unexpected_keys if _FUSED_ATTENTION.match(key))
-    if not fused:
-        return None
-    return ValueError(
-        f"{where}: the checkpoint stores fused attention projections ({_listed(fused)}), the layout of seqbert 0.1.0; "
-        "this version keeps BERT's separate query, key and value, which would keep their random initialisation. "
-        "Split them once with seqbert.convert_bert.split_fused_attention on the checkpoint's state dict and save it "
-        "again"
-    )
 
 
 def split_fused_attention(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -261,243 +252,6 @@ def warm_start_state_dict(
     return {**encoder, **decoder}
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Checkpoint files: clear errors for missing, truncated or corrupt ones
-# ----------------------------------------------------------------------------------------------------------------------
-
-_REDOWNLOAD = (
-    "re-download it (with force_download=True for a Hub model) or, if you made it, save it again with save_pretrained"
-)
-# Hub options that only locate files: used to inspect a checkpoint that failed to load, without downloading anything.
-_LOCATE_KWARGS = ("cache_dir", "revision", "subfolder")
-
-
-def _corrupt(path, detail: str) -> str:
-    return f"{path} is truncated or corrupt ({detail}): {_REDOWNLOAD}"
-
-
-def safetensors_file_problem(path) -> str | None:
-    """
-    Why the safetensors file at `path` cannot be read, or `None` when it opens. Reads only the header, with
-    `safetensors.safe_open`, which checks that the header is well-formed and describes exactly the bytes the file
-    holds: a truncated file (a download or copy cut short), an empty file or a garbled header fail.
-
-    Returns:
-        `str | None`: a sentence naming the file, what is wrong and what to do (re-download or save again).
-    """
-    try:
-        with safe_open(path, framework="pt"):
-            pass
-    except Exception as error:  # safetensors_rust.SafetensorError, OSError
-        return _corrupt(path, str(error))
-    return None
-
-
-def _pickle_file_problem(path) -> str | None:
-    """What can be seen wrong in a pickled weights file without unpickling it: empty, or a `torch.save` zip archive
-    that is cut short or fails its checksums."""
-    if os.path.getsize(path) == 0:
-        return _corrupt(path, "0 bytes")
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != b"PK\x03\x04":
-        return None  # the legacy (pre-zip) torch.save format: nothing to check without unpickling
-    try:
-        with zipfile.ZipFile(path) as archive:
-            bad = archive.testzip()
-    except (zipfile.BadZipFile, OSError):
-        return _corrupt(path, "a torch.save zip archive whose end is missing")
-    return _corrupt(path, f"archive member {bad} fails its checksum") if bad is not None else None
-
-
-def weights_file_problem(path) -> str | None:
-    """`safetensors_file_problem` for `.safetensors` files, else what can be checked of a pickled file."""
-    return safetensors_file_problem(path) if str(path).endswith(".safetensors") else _pickle_file_problem(path)
-
-
-# Largest weight magnitude a loaded checkpoint may hold. Trained BERT-family weights stay far below it (the MiniLM
-# checkpoint's largest is 7.9); a bit flipped in the top two exponent bits of a float32 weight multiplies it by 2^64 or
-# more, and such values overflow to inf / NaN in the forward pass. (Our own bound: a plausibility check, no standard.)
-MAX_WEIGHT_MAGNITUDE = 1e8
-
-
-def non_finite_weights_error(model: torch.nn.Module, where: str) -> OSError | None:
-    """
-    An `OSError` naming the parameters of a just-loaded `model` that hold NaN, infinite or implausibly large values
-    (magnitude above `MAX_WEIGHT_MAGNITUDE`), or `None` when all are fine (or on the meta device, not loaded yet).
-    Quantized weights (tensor subclasses of torchao or quanto) are checked through their dequantized values.
-    A released or saved checkpoint never holds such values: they mean a damaged weights file (safetensors files carry
-    no checksum, so a bit flipped inside the tensor data shows only through the value it makes; smaller changes cannot
-    be detected) or a checkpoint saved after training diverged. Loading it would only give NaN outputs later. One host
-    sync per device.
-
-    Args:
-        model: the loaded model.
-        where: the call, for the message (e.g. `"SeqBertModel.from_pretrained('folder')"`).
-    """
-    by_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
-    for name, tensor in model.named_parameters():
-        if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
-            # A quantizer's tensor subclass (torchao's Int8Tensor, quanto's QTensor), which may implement no `abs`:
-            # checked through the float values it stands for. One that cannot give them back is not checked here; a
-            # quantizer writes its weights from finite ones (bitsandbytes' Int8Params is a plain int8 parameter).
-            try:
-                tensor = tensor.dequantize()
-            except (AttributeError, NotImplementedError, RuntimeError, TypeError):
-                continue
-        if tensor.is_floating_point() and tensor.device.type != "meta":
-            by_device.setdefault(tensor.device, []).append((name, tensor))
-    bad = []
-    for tensors in by_device.values():
-        # abs() <= bound is False for NaN, so one comparison covers NaN, inf and huge values.
-        fine = torch.stack([(tensor.abs() <= MAX_WEIGHT_MAGNITUDE).all() for _, tensor in tensors]).tolist()
-        bad += [name for (name, _), ok in zip(tensors, fine, strict=True) if not ok]
-    if not bad:
-        return None
-    return OSError(
-        f"{where}: the loaded weights hold NaN, infinite or implausibly large (above {MAX_WEIGHT_MAGNITUDE:g}) values in "
-        f"{_listed(bad)}. A weights file is damaged (a bit flipped inside it: {_REDOWNLOAD}), or the checkpoint was "
-        "saved after training diverged"
-    )
-
-
-def _json_problem(path) -> str | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            json.load(f)
-    except ValueError as error:  # json.JSONDecodeError and UnicodeDecodeError
-        return _corrupt(path, f"not valid JSON: {error}")
-    return None
-
-
-def _index_shards(index_path) -> list[str]:
-    """The shard file names a `*.index.json` weight index lists; `OSError` when the index is unreadable."""
-    problem = _json_problem(index_path)
-    if problem is not None:
-        raise OSError(problem)
-    with open(index_path, encoding="utf-8") as f:
-        index = json.load(f)
-    weight_map = index.get("weight_map") if isinstance(index, dict) else None
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise OSError(_corrupt(index_path, "it has no weight_map naming the shard files"))
-    return sorted(set(weight_map.values()))
-
-
-def _missing_shard(index_path, shard: str) -> str:
-    return (
-        f"{index_path} names the weight file {shard}, which is missing from {os.path.dirname(index_path)}: the "
-        f"checkpoint is incomplete; {_REDOWNLOAD}"
-    )
-
-
-def missing_config_problem(name_or_path, **hub_kwargs) -> str | None:
-    """
-    Before loading a model from a local folder without an explicit `config=`: a sentence naming the missing
-    `config.json`, or `None` when it is there (or `name_or_path` is not a local folder, a Hub name whose files
-    transformers resolves itself).
-
-    transformers' `PretrainedConfig.from_pretrained` returns a default config for a folder without `config.json`, so
-    the model would be built at the default sizes and the weights then reported as a shape mismatch (or, where the
-    sizes happen to fit, loaded into a model of the wrong kind).
-    """
-    subfolder = hub_kwargs.get("subfolder") or ""
-    folder = os.path.join(str(name_or_path), subfolder)
-    if not os.path.isdir(folder) or os.path.isfile(os.path.join(folder, "config.json")):
-        return None
-    present = sorted(os.listdir(folder))
-    return (
-        f"pretrained_model_name_or_path ({str(name_or_path)!r}) has no config.json"
-        + (f" in subfolder {subfolder!r}" if subfolder else "")
-        + f" (it holds: {', '.join(present[:8]) + (', ...' if len(present) > 8 else '') or 'nothing'}): the model's "
-        "sizes and kind are read from it. Copy config.json back from where the folder came from, save the model "
-        "again with save_pretrained, or pass config= explicitly"
-    )
-
-
-def find_checkpoint_problem(
-    name_or_path, use_safetensors: bool | None = None, weights: bool = True, **hub_kwargs
-) -> str | None:
-    """
-    After a failed load, the first file of the checkpoint that explains it: `config.json` that is not valid JSON, a
-    weight index that is not valid JSON or names a shard that is not in the (local) folder, or a truncated or corrupt
-    weights file (see `safetensors_file_problem`).
-
-    Looks only at files already on disk (a local folder, or the Hugging Face cache for a Hub name): never downloads,
-    never raises.
-
-    Args:
-        name_or_path: Hub model id or local folder.
-        use_safetensors: `False` also inspects pickled `pytorch_model.bin` files.
-        weights: also inspect the weight index and weight files (else `config.json` only).
-        **hub_kwargs: `cache_dir`, `revision`, `subfolder` locate the files; other options are ignored.
-
-    Returns:
-        `str | None`: a sentence naming the file, what is wrong and what to do, or `None` if no file explains it.
-    """
-    kwargs = {k: v for k, v in hub_kwargs.items() if k in _LOCATE_KWARGS and v is not None}
-    local_folder = os.path.isdir(os.path.join(str(name_or_path), kwargs.get("subfolder") or ""))
-
-    def local(filename):
-        return cached_file(
-            name_or_path,
-            filename,
-            local_files_only=True,
-            _raise_exceptions_for_missing_entries=False,
-            _raise_exceptions_for_connection_errors=False,
-            **kwargs,
-        )
-
-    try:
-        config = local("config.json")
-        if config is not None and (problem := _json_problem(config)) is not None:
-            return problem
-        if not weights:
-            return None
-        for filename in _SAFETENSORS_FILES + (_PICKLE_FILES if use_safetensors is False else ()):
-            resolved = local(filename)
-            if resolved is None:
-                continue
-            if not filename.endswith(".index.json"):
-                return weights_file_problem(resolved)
-            try:
-                shards = _index_shards(resolved)
-            except OSError as error:
-                return str(error)
-            for shard in shards:
-                shard_path = local(shard)
-                if shard_path is None:
-                    if local_folder:
-                        return _missing_shard(resolved, shard)
-                    continue  # a Hub repository: transformers downloads what the cache lacks
-                if (problem := weights_file_problem(shard_path)) is not None:
-                    return problem
-            return None
-    except Exception:  # a diagnosis only: the caller re-raises its original error
-        return None
-    return None
-
-
-# File names that mark pickled PyTorch weights, which are read only with an explicit `use_safetensors=False`.
-_PICKLED_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-
-
-def refuse_pickled_weights(name_or_path, subfolder: str = "") -> None:
-    """Raise `ValueError` when the local folder or file `name_or_path` has only pickled weights (no safetensors)."""
-    path = os.path.join(str(name_or_path), subfolder) if subfolder else str(name_or_path)
-    if os.path.isdir(path):
-        if any(f.endswith(".safetensors") or f.endswith(".safetensors.index.json") for f in os.listdir(path)):
-            return
-        pickled = [name for name in _PICKLE_FILES if os.path.isfile(os.path.join(path, name))]
-    else:
-        pickled = [path] if os.path.isfile(path) and path.endswith(_PICKLED_SUFFIXES) else []
-    if pickled:
-        raise ValueError(
-            f"pretrained_model_name_or_path ({str(name_or_path)!r}) holds only pickled PyTorch weights ({pickled[0]}), "
-            "which seqbert does not load by default because unpickling can run code: pass use_safetensors=False if "
-            "you trust the file, then `save_pretrained` writes safetensors"
-        )
-
-
 def _resolve_weight_files(name_or_path: str, use_safetensors: bool | None = None, **hub_kwargs) -> list[str]:
     """Local paths of the checkpoint's weight files (downloading them for Hub names), each checked for truncation.
 
@@ -508,7 +262,7 @@ def _resolve_weight_files(name_or_path: str, use_safetensors: bool | None = None
         OSError: the weight index is not valid JSON or names a shard that does not exist, or a safetensors file is
             truncated or corrupt; the message names the file.
     """
-    names = _SAFETENSORS_FILES + (_PICKLE_FILES if use_safetensors is False else ())
+    names = SAFETENSORS_FILES + (PICKLE_FILES if use_safetensors is False else ())
     for filename in names:
         resolved = cached_file(
             name_or_path,
@@ -537,7 +291,7 @@ def _resolve_weight_files(name_or_path: str, use_safetensors: bool | None = None
     allowed = (
         list(names)
         if use_safetensors is False
-        else f"{list(names)} (or {list(_PICKLE_FILES)} with use_safetensors=False)"
+        else f"{list(names)} (or {list(PICKLE_FILES)} with use_safetensors=False)"
     )
     raise ValueError(
         f"pretrained_model_name_or_path ({str(name_or_path)!r}) has no BERT weights: expected one of {allowed}"
@@ -777,29 +531,10 @@ def load_bert_as_seqbert_state_dict(
     return config, convert(state_dict, config)
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Checking what loaded: shape mismatches and parameters left at their random initialisation
+# -----------------------------------------------------------------------------------------------------------------------
+# Checking what loaded: parameters left at their random initialisation
 # ----------------------------------------------------------------------------------------------------------------------
 
-# How many parameter names an error message lists before "(and N more)".
-_LISTED = 5
-# Config fields that set each parameter's shape (first matching pattern wins).
-_SHAPE_FIELDS = (
-    (re.compile(r"word_embeddings\.|^lm_head\.decoder\."), ("vocab_size", "hidden_size")),
-    (re.compile(r"position_embeddings\."), ("max_position_embeddings", "hidden_size")),
-    (re.compile(r"token_type_embeddings\."), ("type_vocab_size", "hidden_size")),
-    (re.compile(r"\.mlp\.(up|down)_proj\."), ("intermediate_size", "hidden_size")),
-    (re.compile(r"^(classifier|qa_outputs)\."), ("num_labels", "hidden_size")),
-    (re.compile(r""), ("hidden_size",)),
-)
-_SHAPE_FIELD_NAMES = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "max_position_embeddings",
-    "type_vocab_size",
-    "num_labels",
-)
 # Task heads a checkpoint may lack (newly initialised, as transformers does), and the cross-attention that a BERT2BERT
 # warm start initialises (Rothe et al. 2020), each allowed to be missing only when the checkpoint has none of it.
 _NEW_PARTS = (
@@ -815,81 +550,6 @@ _LAYER_STACKS = (
     ("decoder.layers.", "num_decoder_layers"),
 )
 _TOP_LEVEL_PREFIXES = ("seqbert.", "decoder.", "lm_head.", "classifier.", "qa_outputs.")
-
-
-def _listed(names: list[str]) -> str:
-    more = f" (and {len(names) - _LISTED} more)" if len(names) > _LISTED else ""
-    return ", ".join(names[:_LISTED]) + more
-
-
-def _shape_field_values(config) -> dict:
-    """The shape-setting fields of a config object or a `config.json` dict (`None` where absent)."""
-    if config is None:
-        return {}
-    if isinstance(config, dict):
-        values = {field: config.get(field) for field in _SHAPE_FIELD_NAMES}
-        if config.get("id2label"):
-            values["num_labels"] = len(config["id2label"])
-        return values
-    return {field: getattr(config, field, None) for field in _SHAPE_FIELD_NAMES}
-
-
-def checkpoint_config_dict(name_or_path, **hub_kwargs) -> dict | None:
-    """The checkpoint's `config.json` as a dict (from disk or the Hub cache only), or `None` if it cannot be read."""
-    kwargs = {k: v for k, v in hub_kwargs.items() if k in _LOCATE_KWARGS and v is not None}
-    try:
-        config, _ = PretrainedConfig.get_config_dict(name_or_path, local_files_only=True, **kwargs)
-    except Exception:  # only used to word an error message
-        return None
-    return config
-
-
-class MismatchedSizesError(RuntimeError, ValueError):
-    """
-    Checkpoint parameters have another shape than the model's. A `RuntimeError`, as transformers raises for a size
-    mismatch in `from_pretrained` (code that catches that keeps working), and a `ValueError`, since a config value
-    (an override, or a `config=` that does not fit the checkpoint) is its usual cause.
-    """
-
-
-def mismatched_sizes_error(mismatched_keys, config, checkpoint_config, where: str) -> MismatchedSizesError:
-    """
-    The `MismatchedSizesError` for parameters whose checkpoint shape differs from the model's.
-
-    Args:
-        mismatched_keys: `(name, checkpoint shape, model shape)` triples, as in transformers' loading info.
-        config: the model's config.
-        checkpoint_config: the checkpoint's config (object or `config.json` dict), or `None` if unknown; fields whose
-            values differ from `config`'s are named as the likely cause.
-        where: the call, for the message (e.g. `"SeqBertModel.from_pretrained('folder')"`).
-    """
-    rows = sorted((name, tuple(ckpt), tuple(model)) for name, ckpt, model in mismatched_keys)
-    shown = [f"{name}: checkpoint {ckpt} vs model {model}" for name, ckpt, model in rows]
-    fields = dict.fromkeys(
-        field for name, _, _ in rows for field in next(f for p, f in _SHAPE_FIELDS if p.search(name))
-    )
-    model_values, checkpoint_values = _shape_field_values(config), _shape_field_values(checkpoint_config)
-    differing = [
-        field
-        for field in fields
-        if checkpoint_values.get(field) is not None and checkpoint_values[field] != model_values.get(field)
-    ]
-    if differing:
-        cause = ", ".join(
-            f"{field}={model_values[field]!r} (the checkpoint's config has {checkpoint_values[field]!r})"
-            for field in differing
-        )
-    else:
-        cause = "the config fields these shapes come from: " + ", ".join(
-            f"{field}={model_values.get(field)!r}" for field in fields
-        )
-    return MismatchedSizesError(
-        f"{where}: {len(rows)} parameter(s) of the checkpoint have another shape than in the model built from the "
-        f"config: {'; '.join(shown[:_LISTED])}{f' (and {len(rows) - _LISTED} more)' if len(rows) > _LISTED else ''}. "
-        f"Likely cause: {cause}. Pretrained weights load only into the sizes they were trained with: drop the "
-        "override (or the config=) that changes them, or pass ignore_mismatched_sizes=True to initialise these "
-        "parameters randomly instead (e.g. for a classifier with another number of labels)"
-    )
 
 
 def _missing_causes(missing: list[str], loaded_keys: set[str], config, overrides: dict) -> list[str]:
@@ -1006,6 +666,71 @@ def report_bert_loading(loading_info: dict, where: str) -> None:
         logger.info(
             f"{where}: checkpoint weights this model has no place for: {_listed(sorted(loading_info['unexpected_keys']))}"
         )
+
+
+# Keyword arguments of `from_bert_pretrained` that go to `from_pretrained` (loading) rather than to the config.
+_HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies")
+_LOADING_KWARGS = (
+    "dtype",
+    "torch_dtype",
+    "device_map",
+    "attn_implementation",
+    "output_loading_info",
+    "ignore_mismatched_sizes",
+)
+
+
+def from_bert_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+    """
+    `SeqBertPreTrainedModel.from_bert_pretrained`: the BERT checkpoint converted (`load_bert_as_seqbert_state_dict`),
+    loaded with `cls.from_pretrained`, its loading checked (`check_bert_loading_info`) and reported, its generation
+    settings kept. See that method for the arguments and what raises.
+    """
+    use_safetensors = kwargs.pop("use_safetensors", None)
+    cross_attention_init = kwargs.pop("cross_attention_init", None)
+    hub_kwargs = {k: kwargs.pop(k) for k in _HUB_KWARGS if k in kwargs}
+    loading_kwargs = {k: kwargs.pop(k) for k in _LOADING_KWARGS if k in kwargs}
+    output_loading_info = loading_kwargs.pop("output_loading_info", False)
+    ignore_mismatched_sizes = loading_kwargs.pop("ignore_mismatched_sizes", False)
+    config, state_dict = load_bert_as_seqbert_state_dict(
+        pretrained_model_name_or_path,
+        config_overrides=kwargs,
+        target=cls._bert_conversion_target,
+        use_safetensors=use_safetensors,
+        cross_attention_init=cross_attention_init,
+        **hub_kwargs,
+    )
+    loaded_keys = set(state_dict)
+    where = f"{cls.__name__}.from_bert_pretrained({str(pretrained_model_name_or_path)!r})"
+    with quiet_loading_report():
+        model, loading_info = cls.from_pretrained(
+            None, config=config, state_dict=state_dict, ignore_mismatched_sizes=True, output_loading_info=True,
+            **loading_kwargs,
+        )  # fmt: skip
+    check_bert_loading_info(
+        loading_info,
+        model.config,
+        loaded_keys,
+        pretrained_model_name_or_path,
+        where=where,
+        overrides=kwargs,
+        ignore_mismatched_sizes=ignore_mismatched_sizes,
+        **hub_kwargs,
+    )
+    report_bert_loading(loading_info, where)
+    if (error := non_finite_weights_error(model, where)) is not None:
+        raise error
+    if model.can_generate():
+        # Keep the generation settings the checkpoint ships (beam size, length limits, ...), if any.
+        try:
+            source = GenerationConfig.from_pretrained(pretrained_model_name_or_path, **hub_kwargs)
+        except OSError:
+            source = None
+        if source is not None:
+            model.generation_config.update(**source.to_diff_dict())
+    # Where the weights came from, as `from_pretrained` records it (PEFT's adapter config reads it, for one).
+    model.name_or_path = model.config._name_or_path = str(pretrained_model_name_or_path)
+    return (model, loading_info) if output_loading_info else model
 
 
 # The SeqBERT class that keeps every head a BERT checkpoint has, by the checkpoint's `architectures` entry.

@@ -29,8 +29,8 @@ from huggingface_hub.utils import filter_repo_objects
 from safetensors import safe_open
 from transformers.dynamic_module_utils import get_relative_imports
 
+from .checkpoint_loading import safetensors_file_problem
 from .configuration_seqbert import MIN_TRANSFORMERS_VERSION
-from .convert_bert import safetensors_file_problem
 from .serving_artifacts import ONNX_INT8_PATH, ONNX_OPTIMIZED_PATH, ONNX_PATH, OPENVINO_PATH
 
 

@@ -26,7 +26,7 @@ from torch import nn
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
-from transformers.generation import GenerationConfig, GenerationMixin
+from transformers.generation import GenerationMixin
 from transformers.loss.loss_utils import fixed_cross_entropy
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask, packed_sequence_mask_function
 from transformers.modeling_layers import GradientCheckpointingLayer
@@ -55,20 +55,9 @@ from .attention_backends import (
     varlen_attention_fits,
     varlen_attention_forward,
 )
+from .checkpoint_loading import load_pretrained
 from .configuration_seqbert import SeqBertConfig
-from .convert_bert import (
-    check_bert_loading_info,
-    checkpoint_config_dict,
-    find_checkpoint_problem,
-    fused_attention_error,
-    load_bert_as_seqbert_state_dict,
-    mismatched_sizes_error,
-    missing_config_problem,
-    non_finite_weights_error,
-    quiet_loading_report,
-    refuse_pickled_weights,
-    report_bert_loading,
-)
+from .convert_bert import from_bert_pretrained
 from .input_checks import (
     IGNORE_INDEX,
     MASK_ALL_REAL,
@@ -568,18 +557,6 @@ class SeqBertLMHead(nn.Module):
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-# Keyword arguments of `from_bert_pretrained` that go to `from_pretrained` (loading) rather than to the config.
-_HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies")
-_LOADING_KWARGS = (
-    "dtype",
-    "torch_dtype",
-    "device_map",
-    "attn_implementation",
-    "output_loading_info",
-    "ignore_mismatched_sizes",
-)
-
-
 @torch.compiler.disable
 def _call_eagerly(module: nn.Module, *args, **kwargs):
     """`module(*args, **kwargs)`, never compiled (see `SeqBertPreTrainedModel.__call__`)."""
@@ -676,189 +653,53 @@ class SeqBertPreTrainedModel(PreTrainedModel):
         return super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, use_safetensors: bool | None = None, **kwargs):
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
         """
-        `PreTrainedModel.from_pretrained`, reading safetensors weights only unless told otherwise, with clear errors
-        where transformers would fail obscurely or load a partly random model.
-
-        Pickled `pytorch_model.bin` weights are loaded only with an explicit `use_safetensors=False` (transformers then
-        reads them with `torch.load(weights_only=True)`); `save_pretrained` always writes safetensors.
-
-        A checkpoint parameter whose shape differs from the model's (an override such as `hidden_size=64`, or a
-        `config=` that does not fit the checkpoint) is an error naming the parameters, both shapes and the config
-        fields that likely cause it. With `ignore_mismatched_sizes=True` transformers' behaviour applies instead:
-        those parameters are initialised randomly and reported in the loading report.
+        `PreTrainedModel.from_pretrained`, reading safetensors weights only unless `use_safetensors=False` is given
+        (unpickling runs code), with clear errors where transformers would fail obscurely or load a partly random model
+        (`checkpoint_loading.load_pretrained`). With `ignore_mismatched_sizes=True`, transformers' behaviour applies.
 
         Raises:
-            ValueError: `pretrained_model_name_or_path` is a local folder or file with only pickled weights and
-                `use_safetensors` is not `False`; or the checkpoint holds fused attention projections (`qkv_proj`,
-                written by seqbert 0.1.0: see `convert_bert.split_fused_attention`).
-            MismatchedSizesError: (a `RuntimeError`, as transformers raises there, and a `ValueError`) parameters
-                of the checkpoint have another shape than the model's and `ignore_mismatched_sizes` is not `True`.
-            OSError: a local folder has no `config.json` and no `config=` is given (transformers would build a
-                default config); the repository has no safetensors weights (the message says how to opt in to `.bin`);
-                `config.json`, the weight index or a weights file is truncated or corrupt, or a shard named by the
-                index is missing (the message names the file and says to re-download it or save it again); the
-                loaded weights hold NaN, infinite or implausibly large values (a damaged file, or a run that diverged:
-                `convert_bert.non_finite_weights_error`); or anything else `PreTrainedModel.from_pretrained` raises.
+            ValueError: only pickled weights and `use_safetensors` not `False`; seqbert 0.1.0's fused attention
+                projections (`convert_bert.split_fused_attention` converts them).
+            MismatchedSizesError: (a `RuntimeError` and a `ValueError`) checkpoint parameters shaped unlike the model's,
+                naming them, both shapes and the config fields behind them.
+            OSError: no `config.json` in a local folder; no safetensors weights; a truncated or corrupt `config.json`,
+                index or weights file, or a missing shard (naming the file); weights holding NaN, infinite or
+                implausibly large values; anything else `PreTrainedModel.from_pretrained` raises.
         """
-        path = pretrained_model_name_or_path
-        ignore_mismatched_sizes = kwargs.pop("ignore_mismatched_sizes", False)
-        output_loading_info = kwargs.pop("output_loading_info", False)
-        safetensors_only = use_safetensors is None and path is not None
-        if path is not None and kwargs.get("config") is None and not model_args:
-            problem = missing_config_problem(path, **kwargs)
-            if problem is not None:
-                raise OSError(problem)
-        if safetensors_only:
-            refuse_pickled_weights(path, kwargs.get("subfolder", ""))
-        try:
-            # Mismatched shapes are let through here and checked below, for a message that names the config fields.
-            model, loading_info = super().from_pretrained(
-                path,
-                *model_args,
-                use_safetensors=True if safetensors_only else use_safetensors,
-                ignore_mismatched_sizes=True,
-                output_loading_info=True,
-                **kwargs,
-            )
-        except Exception as error:
-            if safetensors_only and isinstance(error, OSError) and "cannot be loaded with `safetensors`" in str(error):
-                raise OSError(
-                    f"pretrained_model_name_or_path ({str(path)!r}) has no safetensors weights; seqbert does not load "
-                    "pickled pytorch_model.bin files by default because unpickling can run code: pass "
-                    "use_safetensors=False if you trust the repository"
-                ) from error
-            # A raw safetensors/JSON/torch error from a damaged file: name the file instead.
-            problem = None if path is None else find_checkpoint_problem(path, use_safetensors, **kwargs)
-            if problem is None:
-                raise
-            raise OSError(problem) from error
-        if loading_info["mismatched_keys"] and not ignore_mismatched_sizes:
-            raise mismatched_sizes_error(
-                loading_info["mismatched_keys"],
-                model.config,
-                None if path is None else checkpoint_config_dict(path, **kwargs),
-                f"{cls.__name__}.from_pretrained({str(path)!r})",
-            )
-        where = f"{cls.__name__}.from_pretrained({str(path)!r})"
-        error = fused_attention_error(loading_info["unexpected_keys"], where)
-        if error is None and path is not None:  # (from_bert_pretrained checks its own weights, path None here)
-            error = non_finite_weights_error(model, where)
-        if error is not None:
-            raise error
-        if model.config.tie_word_embeddings:
-            # transformers 5.3 marks the tied LM head of remote code as initialised before it lists the missing keys,
-            # then leaves it untied, on the meta device (with a warning that both matrices were in the checkpoint).
-            model.tie_weights()
-        return (model, loading_info) if output_loading_info else model
+        return load_pretrained(cls, super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs)
 
     @classmethod
     def from_bert_pretrained(cls, pretrained_model_name_or_path: str, **kwargs):
         """
-        Load a BERT checkpoint (a Hub name such as `"bert-base-uncased"` or a local folder written by
-        `save_pretrained`) into this SeqBERT class, as post-LN SeqBERT with identical numerics.
-
-        Reads BERT's `config.json`, builds `SeqBertConfig.from_bert_config(...)`, renames BERT's parameters to
-        SeqBERT's (BERT's query/key/value projections keep their names) and loads them with `from_pretrained`, which reports
-        missing and unexpected keys as usual. Works for BertModel, BertForPreTraining, BertForMaskedLM,
-        BertForSequenceClassification, BertForTokenClassification and BertForQuestionAnswering checkpoints, in
-        safetensors format, sharded or not (pickled PyTorch `.bin` only with `use_safetensors=False`). Heads that the checkpoint has (`cls.predictions`,
-        `classifier`, `qa_outputs`) load into the matching SeqBERT head; the rest is newly initialised and reported.
-
-        Converting never leaves a parameter outside the task heads at its random initialisation: the loading info is
-        checked, and only these may be missing (newly initialised and reported): a task head the checkpoint has none
-        of (`classifier`, `qa_outputs`, `lm_head`), the pooler when the checkpoint has no pooler at all (e.g.
-        BertForMaskedLM weights for sequence classification, as `BertForSequenceClassification` allows too), and,
-        for `SeqBertForConditionalGeneration` warm-started from a plain BERT, the decoder's cross-attention (as in
-        BERT2BERT, Rothe et al. 2020). Checkpoint tensors the model has no place for (layers beyond a smaller
-        `num_hidden_layers`, BertForPreTraining's next-sentence head) stay transformers' warning: dropping them is a
-        legitimate choice.
-
-        A seq2seq warm start from a plain BERT checkpoint takes `decoder_start_token_id` and `eos_token_id` from the
-        keyword arguments, else the ids of [CLS] and [SEP] in the checkpoint's tokenizer; without either it raises.
-        Its cross-attention starts as a copy of each layer's BERT self-attention (`cross_attention_init=
-        "self_attention"`, seqbert's own choice, measured in the docs' seq2seq ablation) or at random as in BERT2BERT
-        (`cross_attention_init="random"`); see `seqbert.convert_bert.warm_start_state_dict`. Its decoder layer `i`
-        cross-attends to the hidden states entering encoder layer `i` (`cross_attention_source="same_layer"`, see
-        `SeqBertConfig`; seqbert's own choice, measured in the docs' seq2seq ablation); pass
-        `cross_attention_source="last_layer"` as well as `cross_attention_init="random"` for transformers' BERT2BERT
-        (`EncoderDecoderModel.from_encoder_decoder_pretrained`) exactly.
+        A BERT checkpoint (a Hub name such as `"bert-base-uncased"`, or a local folder) as this SeqBERT class: post-LN,
+        BERT's numbers. BertModel, BertForPreTraining, BertForMaskedLM, BertForSequenceClassification,
+        BertForTokenClassification, BertForQuestionAnswering and BertForMultipleChoice checkpoints load into the
+        matching head; a head the checkpoint lacks is newly initialised and reported. `SeqBertForCausalLM` takes
+        `BertLMHeadModel` checkpoints; `SeqBertForConditionalGeneration` a transformers `EncoderDecoderModel`, or one
+        BERT warm-started on both sides (BERT2BERT, Rothe et al. 2020), see docs/seq2seq.md.
 
         Args:
             pretrained_model_name_or_path (`str` or `os.PathLike`): Hub model id or local folder of a BERT checkpoint.
-            **kwargs: Hub options (`cache_dir`, `revision`, `token`, `local_files_only`, `force_download`,
-                `subfolder`, `proxies`), loading options (`dtype`, `device_map`, `attn_implementation`,
-                `output_loading_info`, `ignore_mismatched_sizes`), `use_safetensors=False` to allow pickled
-                `pytorch_model.bin` weights, `cross_attention_init` (seq2seq warm start from BERT:
-                `"self_attention"`, the default, or `"random"`), and config overrides (e.g. `num_labels=2`, `hidden_dropout_prob=0.0`).
+            **kwargs: Hub options (`cache_dir`, `revision`, `token`, ...), loading options (`dtype`, `device_map`,
+                `attn_implementation`, `output_loading_info`, `ignore_mismatched_sizes`), `use_safetensors=False` for
+                pickled weights, `cross_attention_init` (a seq2seq warm start: `"self_attention"`, the default, or
+                `"random"`), and config overrides (`num_labels=2`, `hidden_dropout_prob=0.0`, ...).
 
         Returns:
             An instance of `cls` (and the loading-info dict when `output_loading_info=True`).
 
         Raises:
-            ValueError: the checkpoint is not a BERT checkpoint (the message names the model_type found and what is
-                allowed; a SeqBERT checkpoint is pointed to `from_pretrained`), or has no weights file (or only
-                pickled ones and `use_safetensors` is not `False`); a config override changes a parameter shape
-                (`hidden_size`, `intermediate_size`, `vocab_size`, ...) and `ignore_mismatched_sizes` is not `True`
-                (a `MismatchedSizesError`, also a `RuntimeError`); parameters outside the allowed parts above are missing from the checkpoint (e.g. `num_hidden_layers`
-                above the checkpoint's, or an incomplete checkpoint); a seq2seq warm start has no tokenizer and no
-                `decoder_start_token_id=`/`eos_token_id=`; or `cross_attention_init` is not `"self_attention"` /
-                `"random"`, or is given where there is no warm start of cross-attention (an encoder head, an
-                `EncoderDecoderModel` checkpoint).
-            OSError: the name or folder cannot be resolved, or `config.json`, the weight index or a weights file is
-                truncated, corrupt or missing (the message names the file and says to re-download it or save it
-                again), or the weights hold NaN, infinite or implausibly large values.
+            ValueError: not a BERT checkpoint; no weights file (or only pickled ones without `use_safetensors=False`);
+                an override that changes a parameter's shape without `ignore_mismatched_sizes=True`
+                (`MismatchedSizesError`); parameters other than a missing head missing from the checkpoint; a seq2seq
+                warm start without a tokenizer or `decoder_start_token_id=` / `eos_token_id=`; a bad
+                `cross_attention_init`, or one where nothing is warm-started.
+            OSError: the name or folder cannot be resolved; a truncated, corrupt or missing file (named); weights
+                holding NaN, infinite or implausibly large values.
         """
-        use_safetensors = kwargs.pop("use_safetensors", None)
-        cross_attention_init = kwargs.pop("cross_attention_init", None)
-        hub_kwargs = {k: kwargs.pop(k) for k in _HUB_KWARGS if k in kwargs}
-        loading_kwargs = {k: kwargs.pop(k) for k in _LOADING_KWARGS if k in kwargs}
-        output_loading_info = loading_kwargs.pop("output_loading_info", False)
-        ignore_mismatched_sizes = loading_kwargs.pop("ignore_mismatched_sizes", False)
-        config, state_dict = load_bert_as_seqbert_state_dict(
-            pretrained_model_name_or_path,
-            config_overrides=kwargs,
-            target=cls._bert_conversion_target,
-            use_safetensors=use_safetensors,
-            cross_attention_init=cross_attention_init,
-            **hub_kwargs,
-        )
-        loaded_keys = set(state_dict)
-        where = f"{cls.__name__}.from_bert_pretrained({str(pretrained_model_name_or_path)!r})"
-        with quiet_loading_report():
-            model, loading_info = cls.from_pretrained(
-                None,
-                config=config,
-                state_dict=state_dict,
-                ignore_mismatched_sizes=True,
-                output_loading_info=True,
-                **loading_kwargs,
-            )
-        check_bert_loading_info(
-            loading_info,
-            model.config,
-            loaded_keys,
-            pretrained_model_name_or_path,
-            where=where,
-            overrides=kwargs,
-            ignore_mismatched_sizes=ignore_mismatched_sizes,
-            **hub_kwargs,
-        )
-        report_bert_loading(loading_info, where)
-        if (error := non_finite_weights_error(model, where)) is not None:
-            raise error
-        if model.can_generate():
-            # Keep the generation settings the checkpoint ships (beam size, length limits, ...), if any.
-            try:
-                source = GenerationConfig.from_pretrained(pretrained_model_name_or_path, **hub_kwargs)
-            except OSError:
-                source = None
-            if source is not None:
-                model.generation_config.update(**source.to_diff_dict())
-        # Where the weights came from, as `from_pretrained` records it (PEFT's adapter config reads it, for one).
-        model.name_or_path = model.config._name_or_path = str(pretrained_model_name_or_path)
-        return (model, loading_info) if output_loading_info else model
+        return from_bert_pretrained(cls, pretrained_model_name_or_path, **kwargs)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
