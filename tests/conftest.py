@@ -50,7 +50,7 @@ from transformers import (
 
 import seqbert
 from seqbert import attention_backends, cpu_inference
-from seqbert.attention_backends import UnpaddedBatch
+from seqbert.attention_backends import UnpaddedBatch, plan_layout
 from seqbert.cpu_inference import ROLES, CpuInferencePlan
 from seqbert.data import minilm_checkpoint_path, rotten_tomatoes_path
 from seqbert.input_checks import DeferredReads
@@ -304,8 +304,11 @@ def sdpa_and_eager_pair(config, model_class=seqbert.SeqBertModel):
 def unpadded_layout(model, inputs: dict, **kwargs):
     """The `UnpaddedBatch` that `model`'s forward would take on `inputs` (`input_ids`, `attention_mask`; per-layer
     output requests in `kwargs`), or None for the padded path."""
-    reads = DeferredReads()
-    return model._unpadded_batch(inputs["input_ids"], None, inputs["attention_mask"], None, reads, kwargs)[0]
+    reads, dtype = DeferredReads(), model.embeddings.layer_norm.weight.dtype
+    layout = plan_layout(
+        model.config, inputs["input_ids"], None, inputs["attention_mask"], None, reads, kwargs, model.training, dtype
+    )
+    return layout[0]
 
 
 def flash_keep_probability(p: float) -> float:

@@ -949,7 +949,7 @@ def test_training_sent_to_the_fallback_fails(training_step, monkeypatch):
     """The variable-length path refused where attention dropout is drawn, as before the kernel took dropout."""
     applies = attention_backends.varlen_attention_applies
     monkeypatch.setattr(
-        seqbert.modeling_seqbert,
+        attention_backends,
         "varlen_attention_applies",
         lambda device, dtype, head_dim, dropout: dropout == 0.0 and applies(device, dtype, head_dim, dropout),
     )

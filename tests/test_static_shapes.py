@@ -353,7 +353,10 @@ def test_a_static_batch_reads_nothing_on_the_host(tokenizer, features):
     model = _pair(seqbert.SeqBertForSequenceClassification, _config(num_labels=2))
     batch = StaticShapeCollator(tokenizer, model, max_length=MAX_LENGTH)([{**f, "label": 1} for f in features])
     with mock.patch.object(input_checks, "read_on_host", side_effect=AssertionError("read")) as read:
-        with mock.patch.object(seqbert.modeling_seqbert, "read_on_host", read):
+        with (
+            mock.patch.object(seqbert.modeling_seqbert, "read_on_host", read),
+            mock.patch.object(attention_backends, "read_on_host", read),
+        ):
             model(**batch).loss.backward()
     assert not read.called
 
@@ -499,21 +502,20 @@ def test_a_host_read_in_the_step_fails(compiled_epoch):
     finds it; where its value sets a shape, dynamo refuses the data-dependent shape in a full graph. The CUDA dry run
     counts the same read as a host sync."""
     batches, ladder, step, backend = compiled_epoch
-    original = seqbert.modeling_seqbert.SeqBertModel._attention_layout
+    original = attention_backends.attention_layout
 
-    def reading(self, unpadded, *args):
-        return original(self, replace(unpadded, max_seqlen=int(unpadded.cu_seqlens.diff().max().item())), *args)
+    def reading(unpadded, **kwargs):
+        return original(replace(unpadded, max_seqlen=int(unpadded.cu_seqlens.diff().max().item())), **kwargs)
 
-    with mock.patch.object(seqbert.modeling_seqbert.SeqBertModel, "_attention_layout", reading):
+    with mock.patch.object(attention_backends, "attention_layout", reading):
         with pytest.raises((AssertionError, torch._dynamo.exc.UserError), match="reads the host|data-dependent"):
             check_compiled_shapes(batches[:1], ladder, step, backend)
 
-    def reading_aside(self, unpadded, *args):
-        return original(
-            self, replace(unpadded, max_seqlen=unpadded.max_seqlen + 0 * int(unpadded.cu_seqlens[-1].item())), *args
-        )
+    def reading_aside(unpadded, **kwargs):
+        bound = unpadded.max_seqlen + 0 * int(unpadded.cu_seqlens[-1].item())
+        return original(replace(unpadded, max_seqlen=bound), **kwargs)
 
-    with mock.patch.object(seqbert.modeling_seqbert.SeqBertModel, "_attention_layout", reading_aside):
+    with mock.patch.object(attention_backends, "attention_layout", reading_aside):
         with pytest.raises(AssertionError, match=r"the captured step reads the host: \['item'\]"):
             check_compiled_shapes(batches[:1], ladder, step, backend)
 
@@ -548,7 +550,7 @@ def test_the_cuda_branch_compiles_in_one_graph_per_shape(compiled_epoch, tokeniz
         forward(**batch).loss.backward()
 
     with (
-        mock.patch.object(seqbert.modeling_seqbert, "varlen_attention_applies", lambda *args: True),
+        mock.patch.object(attention_backends, "varlen_attention_applies", lambda *args: True),
         mock.patch.object(seqbert.modeling_seqbert, "varlen_attention_fits", lambda *args: True),
         mock.patch.object(attention_backends, "flash_attention_forward", stand_in_flash_attention),
     ):

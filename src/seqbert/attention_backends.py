@@ -57,7 +57,14 @@ import torch
 from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward as transformers_sdpa_attention_forward
 
-from .input_checks import DeferredCheck, DeferredReads, read_on_host
+from .input_checks import (
+    DeferredCheck,
+    DeferredReads,
+    check_static_layout,
+    eager_execution,
+    packed_sequence_ids,
+    read_on_host,
+)
 
 
 try:  # torch >= 2.10
@@ -567,11 +574,96 @@ def varlen_attention_forward(
     return varlen_attn(query, key, value, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen)  # its scale: D ** -0.5
 
 
+# ----------------------------------------------------------------------------------------------------------------------
+# The layout of a batch, planned once per forward
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def plan_layout(
+    config,
+    input_ids: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    reads: DeferredReads,
+    kwargs: dict,
+    training: bool,
+    dtype: torch.dtype,
+) -> tuple[UnpaddedBatch | None, torch.Tensor | None, bool]:
+    """
+    How the encoder lays a batch out, decided once per forward: `(layout, sequence_ids, all_real)`.
+
+    `layout` is the real tokens' `UnpaddedBatch` where the unpadded path applies (sdpa, eager execution, a (B, L)
+    mask with padding or packed rows, no per-layer outputs requested), else None: the padded path, which eager
+    attention always takes (the reference) and `torch.compile` / `torch.export` trace. The value checks of `reads`
+    and the layout are read on the host together, once (`UnpaddedBatch.from_mask`). A static batch
+    (`static_layout=True` in `kwargs`) brings its layout (`from_static_layout`, taken out of `kwargs`) and reads
+    nothing. `sequence_ids` (B, L) number packed sequences for the padded path's block-diagonal mask (None where no
+    row is packed); `all_real`: every position is a real token of an unpacked row (the padded path needs no mask).
+
+    Args:
+        config: the model's `SeqBertConfig` (attention implementation, per-layer outputs, dropout, head size).
+        input_ids, inputs_embeds, attention_mask, position_ids: the encoder's inputs.
+        reads (`DeferredReads`): the checks and scalars read with the layout; `values` set here (None: nothing read).
+        kwargs (`dict`): the forward's keyword arguments (per-layer output requests, packed rows' `cu_seq_lens_q`, a
+            static batch's layout).
+        training (`bool`): the model's mode (attention dropout).
+        dtype (`torch.dtype`): the model's weights' dtype (autocast's where it is on): the kernel's entry condition.
+
+    Raises:
+        TypeError, ValueError: a check of `reads` fails, or a static batch's layout is incomplete
+            (`check_static_layout`).
+    """
+    static = None
+    if kwargs.pop("static_layout", None):
+        indices, cu_seqlens, max_seqlen = check_static_layout(kwargs)
+        reference = input_ids if input_ids is not None else inputs_embeds
+        static = UnpaddedBatch.from_static_layout(indices, cu_seqlens, max_seqlen, tuple(reference.shape[:2]))
+    eligible = config._attn_implementation == "sdpa" and (static is not None or eager_execution())
+    eligible = eligible and (attention_mask is None or attention_mask.dim() == 2)
+    eligible = eligible and not any(
+        kwargs.get(name, getattr(config, name, False)) for name in ("output_hidden_states", "output_attentions")
+    )
+    layout = functools.partial(attention_layout, config=config, training=training, dtype=dtype)
+    if static is not None:
+        reads.values = None  # nothing is read: its collator checked the values
+        return (layout(static), None, False) if eligible else (None, None, False)  # else: the padded path
+    if not eligible:
+        reads.values = read_on_host(reads.checks, reads.scalars) if eager_execution() else None
+        return None, packed_sequence_ids(config, input_ids, inputs_embeds, position_ids, kwargs), False
+    sequence_ids = packed_sequence_ids(config, input_ids, inputs_embeds, position_ids, kwargs, reads.checks)
+    if attention_mask is None and sequence_ids is None:
+        reads.values = read_on_host(reads.checks, reads.scalars)
+        return None, None, False  # nothing to drop, no sequence boundary
+    unpadded = UnpaddedBatch.from_mask(attention_mask, sequence_ids, attention_layout=False, reads=reads)
+    batch_size, seq_len = unpadded.input_shape
+    if unpadded.num_tokens == 0:
+        return None, None, False  # nothing to keep
+    if unpadded.num_tokens == batch_size * seq_len and not unpadded.packed:
+        return None, None, True  # nothing to drop
+    return layout(unpadded), sequence_ids, False
+
+
+def attention_layout(unpadded: UnpaddedBatch, config, training: bool, dtype: torch.dtype) -> UnpaddedBatch:
+    """`unpadded` laid out for attention: `cu_seqlens` alone for the variable-length kernel where it applies
+    (`varlen_attention_applies`: CUDA, flash-attention, fp16 / bf16, autocast's dtype where it is on), else one
+    sequence per row."""
+    device = unpadded.cu_seqlens.device
+    if torch.is_autocast_enabled(device.type):
+        dtype = torch.get_autocast_dtype(device.type)
+    dropout = config.attention_probs_dropout_prob if training else 0.0
+    if varlen_attention_applies(device, dtype, config.hidden_size // config.num_attention_heads, dropout):
+        return replace(unpadded, varlen=True)
+    return unpadded.with_attention_layout()
+
+
 __all__ = [
     "MAX_KEYS_WRITTEN_OUT",
     "UnpaddedBatch",
+    "attention_layout",
     "eager_attention_forward",
     "flash_attention_forward",
+    "plan_layout",
     "runs_flash_attention",
     "sdpa_attention_forward",
     "varlen_attention_applies",

@@ -19,7 +19,7 @@ V vocab_size, C num_labels.
 import copy
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -50,8 +50,8 @@ from transformers.utils.generic import TransformersKwargs, can_return_tuple
 from .attention_backends import (
     UnpaddedBatch,
     eager_attention_forward,
+    plan_layout,
     sdpa_attention_forward,
-    varlen_attention_applies,
     varlen_attention_fits,
     varlen_attention_forward,
 )
@@ -72,12 +72,10 @@ from .input_checks import (
     check_multiple_choice_inputs,
     check_sequence_classification_labels,
     check_shape,
-    check_static_layout,
     check_tensor,
     eager_execution,
     input_batch_shape,
     mask_after_read,
-    packed_sequence_ids,
     plan_decoder_reads,
     read_on_host,
 )
@@ -707,17 +705,6 @@ class SeqBertPreTrainedModel(PreTrainedModel):
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-def static_batch(input_ids, inputs_embeds, kwargs: dict) -> UnpaddedBatch | None:
-    """The layout of a static batch (`static_layout=True` in `kwargs`), as its collator gave it, taken out of `kwargs`
-    (`UnpaddedBatch.from_static_layout`, checked by type and shape: `check_static_layout`); None for any other batch
-    (`static_layout` False or absent)."""
-    if not kwargs.pop("static_layout", None):
-        return None
-    indices, cu_seqlens, max_seqlen = check_static_layout(kwargs)
-    reference = input_ids if input_ids is not None else inputs_embeds
-    return UnpaddedBatch.from_static_layout(indices, cu_seqlens, max_seqlen, tuple(reference.shape[:2]))
-
-
 @dataclass
 class SeqBertModelOutput(BaseModelOutputWithPooling):
     """
@@ -822,9 +809,17 @@ class SeqBertModel(SeqBertPreTrainedModel):
             self.config, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, value_checks
         )
         reads.checks[:0] = value_checks
-        static = static_batch(input_ids, inputs_embeds, kwargs)
-        unpadded, sequence_ids, all_real = self._unpadded_batch(
-            input_ids, inputs_embeds, attention_mask, position_ids, reads, kwargs, static
+        weights_dtype = self.embeddings.layer_norm.weight.dtype
+        unpadded, sequence_ids, all_real = plan_layout(
+            self.config,
+            input_ids,
+            inputs_embeds,
+            attention_mask,
+            position_ids,
+            reads,
+            kwargs,
+            self.training,
+            weights_dtype,
         )
         if all_real and self.config._attn_implementation == "sdpa":
             attention_mask = None  # nothing to mask: no mask to build (transformers would read the host to find out)
@@ -861,75 +856,6 @@ class SeqBertModel(SeqBertPreTrainedModel):
         pooled_output = self.pooler(sequence_output) if self.pooler is not None else None  # (B, H)
         stacked = torch.stack(layer_inputs[: self.config.num_decoder_layers], dim=1) if layer_inputs else None
         return SeqBertModelOutput(last_hidden_state=sequence_output, pooler_output=pooled_output, layer_inputs=stacked)
-
-    def _unpadded_batch(
-        self,
-        input_ids: torch.Tensor | None,
-        inputs_embeds: torch.Tensor | None,
-        attention_mask: torch.Tensor | None,
-        position_ids: torch.Tensor | None,
-        reads: DeferredReads,
-        kwargs: dict,
-        static: UnpaddedBatch | None = None,
-    ) -> tuple[UnpaddedBatch | None, torch.Tensor | None, bool]:
-        """
-        `(layout, sequence_ids, all_real)`: the real tokens' layout when the unpadded fast path applies (sdpa
-        attention, eager execution, a (B, L) mask with some padding and some real tokens, or packed rows, and no
-        per-layer outputs requested: those are recorded in the padded layout), else None: the padded path, which
-        `attn_implementation="eager"` always takes as the readable reference, and which `torch.compile` /
-        `torch.export` trace (it has no data-dependent shapes). `sequence_ids` (B, L) number packed sequences, for
-        the padded path's block-diagonal mask (None where no row is packed). `all_real`: the layout was read and
-        every position is a real token of an unpacked row, so the padded path needs no mask.
-
-        The value checks of `reads` (the inputs', then a head's) and the layout are read on the host together, once
-        (`UnpaddedBatch.from_mask`); so are the head's scalars, into `reads.values`. On a CUDA GPU that runs
-        flash-attention, in fp16 / bf16, the layout is `cu_seqlens` alone, for the variable-length kernel
-        (`varlen_attention_applies`); elsewhere attention lays the tokens out per sequence.
-
-        A static batch (`static`, its layout as given) reads nothing, eagerly as under `torch.compile`: its values
-        were checked on the CPU, and its sizes are its shapes. Where the unpadded path does not apply (eager attention,
-        per-layer outputs) it runs the padded path, as the padded batch it is.
-        """
-        eligible = self.config._attn_implementation == "sdpa" and (static is not None or eager_execution())
-        eligible = eligible and (attention_mask is None or attention_mask.dim() == 2)
-        eligible = eligible and not any(
-            kwargs.get(name, getattr(self.config, name, False))
-            for name in ("output_hidden_states", "output_attentions")
-        )
-        if static is not None:
-            reads.values = None  # nothing is read: its collator checked the values
-            if not eligible:  # the padded path, on its attention_mask
-                return None, None, False
-            return self._attention_layout(static, input_ids, inputs_embeds), None, False
-        if not eligible:
-            reads.values = read_on_host(reads.checks, reads.scalars) if eager_execution() else None
-            return None, packed_sequence_ids(self.config, input_ids, inputs_embeds, position_ids, kwargs), False
-        sequence_ids = packed_sequence_ids(self.config, input_ids, inputs_embeds, position_ids, kwargs, reads.checks)
-        if attention_mask is None and sequence_ids is None:
-            reads.values = read_on_host(reads.checks, reads.scalars)
-            return None, None, False  # nothing to drop, no sequence boundary
-        unpadded = UnpaddedBatch.from_mask(attention_mask, sequence_ids, attention_layout=False, reads=reads)
-        batch_size, seq_len = unpadded.input_shape
-        if unpadded.num_tokens == 0:
-            return None, None, False  # nothing to keep
-        if unpadded.num_tokens == batch_size * seq_len and not unpadded.packed:
-            return None, None, True  # nothing to drop
-        return self._attention_layout(unpadded, input_ids, inputs_embeds), sequence_ids, False
-
-    def _attention_layout(
-        self, unpadded: UnpaddedBatch, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None
-    ) -> UnpaddedBatch:
-        """`unpadded` laid out for attention: `cu_seqlens` alone for the variable-length kernel where it applies
-        (`varlen_attention_applies`: CUDA, flash-attention, fp16 / bf16), else one sequence per row."""
-        reference = input_ids if input_ids is not None else inputs_embeds
-        dtype = self.embeddings.layer_norm.weight.dtype
-        if torch.is_autocast_enabled(reference.device.type):
-            dtype = torch.get_autocast_dtype(reference.device.type)
-        dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
-        head_dim = self.config.hidden_size // self.config.num_attention_heads
-        if varlen_attention_applies(reference.device, dtype, head_dim, dropout):
-            return replace(unpadded, varlen=True)
-        return unpadded.with_attention_layout()
 
     def _encode_unpadded(
         self,
