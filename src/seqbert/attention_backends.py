@@ -58,6 +58,8 @@ from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward as transformers_sdpa_attention_forward
 
 from .input_checks import (
+    IGNORE_INDEX,
+    LABELLED,
     DeferredCheck,
     DeferredReads,
     check_static_layout,
@@ -657,14 +659,71 @@ def attention_layout(unpadded: UnpaddedBatch, config, training: bool, dtype: tor
     return unpadded.with_attention_layout()
 
 
+# ----------------------------------------------------------------------------------------------------------------------
+# What the heads share of the layout
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def labelled_rows(
+    hidden_states: torch.Tensor, labels: torch.Tensor, reads: DeferredReads, kwargs: dict
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """
+    The hidden states (B, L, H) and labels (B, L) of the labelled positions, `(rows (M, H), labels (M,))` in
+    row-major order, by a gather of fixed size: M read with the encoder's one read (`DeferredReads.count_labelled`), or a
+    static batch's `max_predictions` (an int >= M given with the batch, taken out of `kwargs`; its rows beyond M hold
+    position 0's state and ignored labels); traced, by boolean indexing.
+
+    Raises:
+        ValueError: a static batch without an int `max_predictions`.
+    """
+    hidden_states, labels = hidden_states.flatten(0, 1), labels.reshape(-1)  # (B * L, H), (B * L,)
+    labelled = labels != IGNORE_INDEX
+    bound = kwargs.pop("max_predictions", None)
+    if kwargs.get("static_layout") is True:
+        if isinstance(bound, bool) or not isinstance(bound, int):
+            raise ValueError(
+                "a static batch (static_layout=True) for a sparse_prediction model needs max_predictions, an int "
+                f"bound on the labelled positions (StaticShapeCollator adds it); got {bound!r}"
+            )
+        positions = torch.nonzero_static(labelled, size=bound, fill_value=0).squeeze(1)  # (max_predictions,)
+        beyond = torch.arange(bound, device=positions.device) >= labelled.sum()
+        return hidden_states.index_select(0, positions), labels.index_select(0, positions).masked_fill(
+            beyond, IGNORE_INDEX
+        )
+    count = reads.value(LABELLED)
+    if count is not None:
+        positions = torch.nonzero_static(labelled, size=count).squeeze(1)  # (M,)
+        return hidden_states.index_select(0, positions), labels.index_select(0, positions)
+    return hidden_states[labelled], labels[labelled]
+
+
+def span_logits(
+    logits: torch.Tensor, attention_mask: torch.Tensor | None, kwargs: dict
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """
+    Span logits (B, L, ...) as the dynamically padded batch of the same examples gives them: a static batch
+    (`static_layout=True`) is padded to its bucket's width, so its columns beyond its longest sequence hold the
+    dtype's minimum (they take no probability), and `span`, that length (a 0-dim tensor), tells the loss to ignore
+    positions there. Any other batch: `(logits, None)`. No host read.
+    """
+    if kwargs.get("static_layout") is not True or attention_mask is None:
+        return logits, None
+    span = attention_mask.sum(-1).max()
+    beyond = torch.arange(logits.shape[1], device=logits.device) >= span  # (L,)
+    beyond = beyond.view(1, -1, *([1] * (logits.dim() - 2)))
+    return logits.masked_fill(beyond, torch.finfo(logits.dtype).min), span
+
+
 __all__ = [
     "MAX_KEYS_WRITTEN_OUT",
     "UnpaddedBatch",
     "attention_layout",
+    "labelled_rows",
     "eager_attention_forward",
     "flash_attention_forward",
     "plan_layout",
     "runs_flash_attention",
+    "span_logits",
     "sdpa_attention_forward",
     "varlen_attention_applies",
     "varlen_attention_fits",

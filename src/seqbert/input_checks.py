@@ -229,6 +229,17 @@ class DeferredReads:
             return None
         return self.values[self.named[name]]
 
+    def count_labelled(self, labels: torch.Tensor, needed: bool = True) -> None:
+        """Read the number of labelled positions (`labels` != -100) too, as `LABELLED`, where `needed` and values can be
+        read (eager execution): a head's loss then takes PyTorch's mean reduction over them (no division of its own),
+        and sparse prediction gathers that many rows."""
+        if needed and eager_execution():
+            self.add_scalar(LABELLED, (labels != IGNORE_INDEX).sum())
+
+
+# The name of `DeferredReads.count_labelled`'s scalar.
+LABELLED = "labelled"
+
 
 def read_on_host(checks, scalars=()) -> list[int]:
     """
@@ -585,6 +596,12 @@ def _in_range(
         check_ids_in_range(name, ids, high, high_name, ignore_index=ignore_index)
     else:
         deferred.append(IdsInRange(name, ids, high, high_name, ignore_index))
+
+
+def check_num_labels(config: SeqBertConfig, expected: int, why: str) -> None:
+    """Raise `ValueError` unless `config.num_labels == expected`; `why` names the model and the reason."""
+    if config.num_labels != expected:
+        raise ValueError(f"num_labels ({config.num_labels}) must be {expected} for {why}")
 
 
 def input_batch_shape(input_ids, inputs_embeds) -> tuple[int, int] | None:

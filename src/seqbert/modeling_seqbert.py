@@ -50,8 +50,10 @@ from transformers.utils.generic import TransformersKwargs, can_return_tuple
 from .attention_backends import (
     UnpaddedBatch,
     eager_attention_forward,
+    labelled_rows,
     plan_layout,
     sdpa_attention_forward,
+    span_logits,
     varlen_attention_fits,
     varlen_attention_forward,
 )
@@ -60,6 +62,7 @@ from .configuration_seqbert import SeqBertConfig
 from .convert_bert import from_bert_pretrained
 from .input_checks import (
     IGNORE_INDEX,
+    LABELLED,
     MASK_ALL_REAL,
     SOURCE_MASK_ALL_REAL,
     DeferredReads,
@@ -70,6 +73,7 @@ from .input_checks import (
     check_generate_arguments,
     check_labels,
     check_multiple_choice_inputs,
+    check_num_labels,
     check_sequence_classification_labels,
     check_shape,
     check_tensor,
@@ -555,6 +559,46 @@ class SeqBertLMHead(nn.Module):
 # ----------------------------------------------------------------------------------------------------------------------
 
 
+def loss_divisor(
+    labels: torch.Tensor,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    ignore_index: int = IGNORE_INDEX,
+    labelled: int | None = None,
+) -> torch.Tensor | int | None:
+    """
+    What a cross-entropy's sum over labelled positions is divided by: Trainer's `num_items_in_batch` (the labelled
+    positions of the accumulated batch) when given, else the number of `labels` that are not `ignore_index` (bit for
+    bit PyTorch's mean reduction); never below 1. Where that number was read on the host (`labelled`), None: the loss
+    takes PyTorch's mean reduction itself. The floor is seqbert's own choice: a batch in which every label is ignored
+    gets loss 0.0 with zero gradients, where BERT's mean is 0 / 0 = NaN.
+
+    Returns:
+        A scalar int64 tensor on `labels`' device, `num_items_in_batch` floored at 1 (an int stays an int), or None.
+    """
+    if num_items_in_batch is None and labelled is not None:
+        return None if labelled > 0 else 1
+    if num_items_in_batch is None:
+        return (labels != ignore_index).sum().clamp(min=1)
+    if torch.is_tensor(num_items_in_batch):
+        return num_items_in_batch.clamp(min=1)
+    return max(num_items_in_batch, 1)
+
+
+def span_loss(start_logits, end_logits, start_positions, end_positions, span=None) -> torch.Tensor:
+    """BERT's question-answering loss, float32: positions clamped to [0, L] and L ignored (with `span`, a static
+    batch's longest sequence, every position from it), the mean of the start and end cross-entropies, each divided by
+    `loss_divisor`."""
+    ignored = start_logits.shape[1]
+    losses = []
+    for side_logits, positions in ((start_logits, start_positions), (end_logits, end_positions)):
+        positions = positions.reshape(-1).long().clamp(0, ignored)
+        if span is not None:
+            positions = positions.masked_fill(positions >= span, ignored)
+        divisor = loss_divisor(positions, ignore_index=ignored)
+        losses.append(fixed_cross_entropy(side_logits.float(), positions, divisor, ignore_index=ignored))
+    return (losses[0] + losses[1]) / 2
+
+
 @torch.compiler.disable
 def _call_eagerly(module: nn.Module, *args, **kwargs):
     """`module(*args, **kwargs)`, never compiled (see `SeqBertPreTrainedModel.__call__`)."""
@@ -609,6 +653,30 @@ class SeqBertPreTrainedModel(PreTrainedModel):
         if kwargs.get("static_layout") is False and torch.compiler.is_compiling():
             return _call_eagerly(self, *args, **kwargs)
         return super().__call__(*args, **kwargs)
+
+    def head_loss(self, logits, labels, reads: DeferredReads | None = None, span=None, **kwargs) -> torch.Tensor:
+        """
+        Every head's loss, float32: transformers' loss function of the head (`self.loss_function`: masked and causal
+        LM, sequence and token classification), else the cross-entropy over the rows of `logits` (multiple choice;
+        seq2seq, whose labels are not shifted) or `span_loss` (question answering: `logits` and `labels` are the
+        start and end pairs). Sums over labelled positions are divided by `loss_divisor`: Trainer's
+        `num_items_in_batch` where given, else this batch's labelled positions (counted in the encoder's host read
+        where `reads` did: `DeferredReads.count_labelled`).
+        """
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        if self.loss_type == "ForQuestionAnswering":
+            return span_loss(*logits, *labels, span)
+        counted = kwargs.get("shift_labels", labels[:, 1:]) if self.loss_type == "ForCausalLM" else labels
+        labelled = None if reads is None else reads.value(LABELLED)
+        divisor = None if labels.is_floating_point() else loss_divisor(counted, num_items_in_batch, labelled=labelled)
+        if self.loss_type == "ForSequenceClassification":
+            return self.loss_function(labels, logits.float(), self.config, num_items_in_batch=divisor, **kwargs)
+        if self.loss_type == "ForTokenClassification":
+            return self.loss_function(logits, labels, self.config, num_items_in_batch=divisor, **kwargs)
+        if self.loss_type in ("ForMaskedLM", "ForCausalLM"):
+            vocab_size = self.config.vocab_size
+            return self.loss_function(logits, labels, vocab_size=vocab_size, num_items_in_batch=divisor, **kwargs)
+        return fixed_cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), divisor)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -1086,81 +1154,8 @@ class SeqBertDecoder(SeqBertPreTrainedModel):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Task heads
+# Task heads: encode, head, loss
 # ----------------------------------------------------------------------------------------------------------------------
-
-
-def loss_divisor(
-    labels: torch.Tensor,
-    num_items_in_batch: torch.Tensor | int | None = None,
-    ignore_index: int = IGNORE_INDEX,
-    labelled: int | None = None,
-) -> torch.Tensor | int | None:
-    """
-    What a head's cross-entropy divides its sum over labelled positions by: Trainer's `num_items_in_batch` when given
-    (the labelled positions of the whole accumulated batch), else the number of `labels` that are not `ignore_index`;
-    never less than 1. Otherwise equal to PyTorch's mean reduction, bit for bit. Where that number was read on the
-    host with the encoder's one read (`labelled`), None stands for it: the loss then takes PyTorch's mean reduction
-    itself (BERT's computation, with no division of its own), and 1 stands for an empty count.
-
-    The floor of 1 is seqbert's own choice: a batch in which every label is ignored (all -100, every QA position beyond
-    the sequence, a one-token causal-LM input) gets loss 0.0, the sum over no positions, with zero gradients, where
-    BERT's mean is 0 / 0 = NaN, which would poison a training run over a legitimate batch (say, a masked-LM batch in
-    which no token was masked).
-
-    Args:
-        labels (`torch.Tensor` of any shape): integer targets, `ignore_index` where no loss is taken.
-        num_items_in_batch (`torch.Tensor` or `int`, *optional*): Trainer's count for gradient accumulation.
-        ignore_index (`int`): the label value that takes no loss.
-        labelled (`int`, *optional*): the number of labels that are not `ignore_index`, already on the host.
-
-    Returns:
-        A scalar int64 tensor on `labels`' device, or `num_items_in_batch` floored at 1 (an int stays an int), or
-        (`labelled` given) None for the mean reduction, 1 when nothing is labelled.
-    """
-    if num_items_in_batch is None and labelled is not None:
-        return None if labelled > 0 else 1
-    if num_items_in_batch is None:
-        return (labels != ignore_index).sum().clamp(min=1)
-    if torch.is_tensor(num_items_in_batch):
-        return num_items_in_batch.clamp(min=1)
-    return max(num_items_in_batch, 1)
-
-
-def count_labelled(reads: DeferredReads, labelled: torch.Tensor, kwargs: dict) -> int | None:
-    """Have the encoder read the number of labelled positions (`labelled`: labels != -100) in its one host read (a
-    scalar of `reads`), where the loss divides by it (Trainer passes no `num_items_in_batch`) and values can be read
-    (eager execution). Returns its index in `reads.values`, or None."""
-    if kwargs.get("num_items_in_batch") is not None or not eager_execution():
-        return None
-    reads.scalars.append(labelled.sum())
-    return len(reads.scalars) - 1
-
-
-def read_count(reads: DeferredReads, index: int | None) -> int | None:
-    """The value `count_labelled` asked for, once the encoder has read it (None if it was not asked for or read)."""
-    return None if index is None or not reads.values else reads.values[index]
-
-
-def mask_beyond_longest(logits: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """
-    A static batch's span logits as its dynamically padded batch has them: the static batch is padded to its bucket's
-    width, so the columns beyond its longest sequence, which the dynamically padded batch does not have, hold the
-    dtype's minimum (they take no probability). No host read.
-
-    Args:
-        logits (`torch.Tensor` of shape `(B, L, ...)`).
-        attention_mask (`torch.Tensor` of shape `(B, L)`, *optional*): 1 for real tokens; None: every position real.
-
-    Returns:
-        `(logits, longest)`: `longest` the longest sequence's length, a 0-dim int64 tensor on the logits' device.
-    """
-    if attention_mask is None:
-        return logits, torch.tensor(logits.shape[1], device=logits.device)
-    longest = attention_mask.sum(-1).max()
-    beyond = torch.arange(logits.shape[1], device=logits.device) >= longest  # (L,)
-    beyond = beyond.view(1, -1, *([1] * (logits.dim() - 2)))
-    return logits.masked_fill(beyond, torch.finfo(logits.dtype).min), longest
 
 
 def _classifier_dropout(config: SeqBertConfig) -> nn.Dropout:
@@ -1199,32 +1194,17 @@ class SeqBertForMaskedLM(SeqBertPreTrainedModel):
     ) -> MaskedLMOutput:
         r"""
         Inputs as in `SeqBertModel.forward`, plus `labels` (`torch.LongTensor` of shape `(B, L)`, *optional*): target
-        ids in `[0, vocab_size)`, -100 where no loss is taken. Returns `MaskedLMOutput` with `logits` (B, L, V) and
-        the mean cross-entropy `loss` (a scalar) over labelled positions when `labels` are given (or summed and
-        divided by `num_items_in_batch` when Trainer passes it; 0.0 when every label is -100, see `loss_divisor`).
-        With `config.sparse_prediction` and `labels`, only the M labelled positions reach the vocabulary projection
-        and `logits` are (M, V), in row-major order (`labels[labels != -100]` are their targets); the loss and
-        gradients are dense scoring's up to the order of float sums (the per-position logits are identical). The
-        labels are checked, and M counted, in the encoder's one host read, before it runs. A static batch
-        (`static_layout=True`, `StaticShapeCollator`) reads nothing: `max_predictions` (an int >= M, from the
-        collator) rows are gathered, `logits` are (max_predictions, V), and the rows beyond M take no loss.
+        ids in `[0, vocab_size)`, -100 where no loss is taken. Returns `MaskedLMOutput` with `logits` (B, L, V) and the
+        cross-entropy `loss` (float32) when `labels` are given. With `config.sparse_prediction` and `labels`, only the M
+        labelled positions reach the vocabulary projection: `logits` are (M, V) in row-major order
+        (`labelled_rows`; a static batch's `max_predictions` rows, those beyond M ignored).
         """
-        reads, counted = DeferredReads(), None
-        shape = input_batch_shape(input_ids, inputs_embeds)
-        sparse = labels is not None and shape is not None and self.config.sparse_prediction
-        static = kwargs.get("static_layout") is True
-        max_predictions = kwargs.pop("max_predictions", None)  # a static batch's bound on M
-        if sparse and static and (isinstance(max_predictions, bool) or not isinstance(max_predictions, int)):
-            raise ValueError(
-                "a static batch (static_layout=True) for a sparse_prediction model needs max_predictions, an int "
-                f"bound on the labelled positions (StaticShapeCollator(mlm_probability=...) adds it); got {max_predictions!r}"
-            )
-        if labels is not None and shape is not None:
+        reads = DeferredReads()  # the labels are checked in the encoder's one host read
+        sparse = labels is not None and self.config.sparse_prediction
+        if labels is not None and (shape := input_batch_shape(input_ids, inputs_embeds)) is not None:
             vocab_size = self.config.vocab_size
             labels = check_labels("labels", labels, (*shape, vocab_size), vocab_size, "vocab_size", True, reads.checks)
-            labelled = labels != IGNORE_INDEX  # (B, L)
-            if not static:  # a static batch counts its labels on the device
-                counted = count_labelled(reads, labelled, {} if sparse else kwargs)  # sparse prediction gathers M rows
+            reads.count_labelled(labels, sparse or kwargs.get("num_items_in_batch") is None)
         outputs = self.seqbert(
             input_ids,
             attention_mask=attention_mask,
@@ -1237,26 +1217,9 @@ class SeqBertForMaskedLM(SeqBertPreTrainedModel):
         )
         hidden_states = outputs.last_hidden_state  # (B, L, H)
         if sparse:
-            hidden_states, labels = hidden_states.flatten(0, 1), labels.reshape(-1)  # (B * L, H), (B * L,)
-            labelled = labelled.reshape(-1)  # (B * L,)
-            if static:  # a fixed number of rows, max_predictions >= M; the rows beyond M take no loss
-                positions = torch.nonzero_static(labelled, size=max_predictions, fill_value=0).squeeze(1)
-                beyond = torch.arange(max_predictions, device=positions.device) >= labelled.sum()
-                hidden_states = hidden_states.index_select(0, positions)
-                labels = labels.index_select(0, positions).masked_fill(beyond, IGNORE_INDEX)
-            elif read_count(reads, counted) is not None:  # M known: the rows gathered without a host read of their own
-                positions = torch.nonzero_static(labelled, size=read_count(reads, counted)).squeeze(1)  # (M,)
-                hidden_states, labels = hidden_states.index_select(0, positions), labels.index_select(0, positions)
-            else:  # traced: M is data-dependent
-                hidden_states, labels = hidden_states[labelled], labels[labelled]  # (M, H), (M,)
+            hidden_states, labels = labelled_rows(hidden_states, labels, reads, kwargs)  # (M, H), (M,)
         logits = self.lm_head(hidden_states)  # (B, L, V), or (M, V) with sparse prediction
-        loss = None
-        if labels is not None:
-            divisor = loss_divisor(labels, kwargs.pop("num_items_in_batch", None), labelled=read_count(reads, counted))
-            # The loss function computes in float32, so half-precision logits cannot overflow it.
-            loss = self.loss_function(
-                logits, labels, vocab_size=self.config.vocab_size, num_items_in_batch=divisor, **kwargs
-            )
+        loss = self.head_loss(logits, labels, reads, **kwargs) if labels is not None else None
         return MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -1289,26 +1252,21 @@ class SeqBertForSequenceClassification(SeqBertPreTrainedModel):
         **kwargs: Unpack[TransformersKwargs],
     ) -> SequenceClassifierOutput:
         r"""
-        Inputs as in `SeqBertModel.forward`, plus `labels`, *optional*: `(B,)` int64 class ids in `[0, num_labels)`
-        (single-label), `(B,)` float targets (regression, `num_labels == 1`) or `(B, C)` float multi-hot targets
-        (multi-label). Returns `SequenceClassifierOutput` with `logits` (B, C) and `loss` (float32 scalar:
-        cross-entropy, MSE or BCE-with-logits; 0.0 when every class id is -100, see `loss_divisor`) when `labels` are
-        given.
+        Inputs as in `SeqBertModel.forward`, plus `labels`, *optional*: `(B,)` class ids in `[0, num_labels)` or -100
+        (single-label), `(B,)` targets (regression, `num_labels == 1`) or `(B, C)` multi-hot targets (multi-label);
+        integer regression and multi-label targets are taken as floats. Returns `SequenceClassifierOutput` with
+        `logits` (B, C) and `loss` (float32: cross-entropy, MSE or BCE-with-logits) when `labels` are given.
 
         Raises:
-            TypeError, ValueError: as `SeqBertModel.forward`, and for `labels` that do not fit the problem type: class
-                ids not integer, shaped other than `(B,)`, or outside `[0, num_labels)` (-100 takes no loss);
-                regression targets not `(B,)` (`num_labels == 1`) or `(B, C)`; multi-label targets not `(B, C)` or
-                outside [0, 1]. Integer regression and multi-label targets are converted to float.
+            TypeError, ValueError: as `SeqBertModel.forward`, and for `labels` that do not fit the problem type.
         """
-        reads, counted = DeferredReads(), None  # labels are checked in the encoder's one host read, before it runs
-        shape = input_batch_shape(input_ids, inputs_embeds)
-        if labels is not None and shape is not None:
+        reads = DeferredReads()  # the labels are checked in the encoder's one host read
+        if labels is not None and (shape := input_batch_shape(input_ids, inputs_embeds)) is not None:
+            problem_type = self.config.problem_type
             labels = check_sequence_classification_labels(
-                labels, (shape[0], self.num_labels), self.config.problem_type, reads.checks
+                labels, (shape[0], self.num_labels), problem_type, reads.checks
             )
-            if not labels.is_floating_point():  # single-label: a cross-entropy over class ids
-                counted = count_labelled(reads, labels != IGNORE_INDEX, kwargs)
+            reads.count_labelled(labels, not labels.is_floating_point() and kwargs.get("num_items_in_batch") is None)
         outputs = self.seqbert(
             input_ids,
             attention_mask=attention_mask,
@@ -1320,13 +1278,7 @@ class SeqBertForSequenceClassification(SeqBertPreTrainedModel):
             **kwargs,
         )
         logits = self.classifier(self.dropout(outputs.pooler_output))  # (B, C)
-        loss = None
-        if labels is not None:
-            divisor = loss_divisor(  # single-label only
-                labels, kwargs.pop("num_items_in_batch", None), labelled=read_count(reads, counted)
-            )
-            # In float32: half-precision logits would overflow MSE (or lose precision in the softmax) at large values.
-            loss = self.loss_function(labels, logits.float(), self.config, num_items_in_batch=divisor, **kwargs)
+        loss = self.head_loss(logits, labels, reads, **kwargs) if labels is not None else None
         return SequenceClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -1356,16 +1308,14 @@ class SeqBertForTokenClassification(SeqBertPreTrainedModel):
     ) -> TokenClassifierOutput:
         r"""
         Inputs as in `SeqBertModel.forward`, plus `labels` (`torch.LongTensor` of shape `(B, L)`, *optional*): class
-        ids in `[0, num_labels)`, -100 where no loss is taken. Returns `TokenClassifierOutput` with `logits`
-        (B, L, C) and the cross-entropy `loss` when `labels` are given (0.0 when all are -100, see `loss_divisor`).
+        ids in `[0, num_labels)`, -100 where no loss is taken. Returns `TokenClassifierOutput` with `logits` (B, L, C)
+        and the cross-entropy `loss` (float32) when `labels` are given.
         """
-        reads, counted = DeferredReads(), None  # labels are checked in the encoder's one host read, before it runs
-        shape = input_batch_shape(input_ids, inputs_embeds)
-        if labels is not None and shape is not None:
-            labels = check_labels(
-                "labels", labels, (*shape, self.num_labels), self.num_labels, "num_labels", True, reads.checks
-            )
-            counted = count_labelled(reads, labels != IGNORE_INDEX, kwargs)
+        reads = DeferredReads()  # the labels are checked in the encoder's one host read
+        if labels is not None and (shape := input_batch_shape(input_ids, inputs_embeds)) is not None:
+            classes = self.num_labels
+            labels = check_labels("labels", labels, (*shape, classes), classes, "num_labels", True, reads.checks)
+            reads.count_labelled(labels, kwargs.get("num_items_in_batch") is None)
         outputs = self.seqbert(
             input_ids,
             attention_mask=attention_mask,
@@ -1377,10 +1327,7 @@ class SeqBertForTokenClassification(SeqBertPreTrainedModel):
             **kwargs,
         )
         logits = self.classifier(self.dropout(outputs.last_hidden_state))  # (B, L, C)
-        loss = None
-        if labels is not None:
-            divisor = loss_divisor(labels, kwargs.pop("num_items_in_batch", None), labelled=read_count(reads, counted))
-            loss = self.loss_function(logits, labels, self.config, num_items_in_batch=divisor, **kwargs)  # in float32
+        loss = self.head_loss(logits, labels, reads, **kwargs) if labels is not None else None
         return TokenClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -1393,11 +1340,7 @@ class SeqBertForQuestionAnswering(SeqBertPreTrainedModel):
 
     def __init__(self, config: SeqBertConfig):
         """Raises `ValueError` unless `config.num_labels == 2` (the start and end logits)."""
-        if config.num_labels != 2:
-            raise ValueError(
-                f"num_labels ({config.num_labels}) must be 2 for SeqBertForQuestionAnswering: one start and one end "
-                "logit per token"
-            )
+        check_num_labels(config, 2, "SeqBertForQuestionAnswering: one start and one end logit per token")
         super().__init__(config)
         self.num_labels = config.num_labels
         self.seqbert = SeqBertModel(config, add_pooling_layer=False)
@@ -1420,20 +1363,15 @@ class SeqBertForQuestionAnswering(SeqBertPreTrainedModel):
         Inputs as in `SeqBertModel.forward`, plus `start_positions` / `end_positions` (`torch.LongTensor` of shape
         `(B,)`, *optional*): token indices of the answer span (positions beyond L are ignored, as in BERT). Returns
         `QuestionAnsweringModelOutput` with `start_logits` and `end_logits` (B, L) and the mean of the two
-        cross-entropies (float32) as `loss` when both positions are given; a side whose positions all lie beyond L
-        contributes 0.0 (BERT: NaN), see `loss_divisor`.
-
-        A static batch (`static_layout=True`, `StaticShapeCollator`) is padded to its bucket's width: the columns
-        beyond its longest sequence hold the dtype's minimum and positions there are ignored, as the dynamically
-        padded batch of the same examples, which has no such columns (`mask_beyond_longest`).
+        cross-entropies (float32) as `loss` when both positions are given. A static batch's columns beyond its
+        longest sequence hold the dtype's minimum, and positions there are ignored (`span_logits`).
 
         Raises:
             TypeError, ValueError: as `SeqBertModel.forward`; only one of `start_positions` / `end_positions`;
                 positions not integer, not `(B,)`, or negative.
         """
-        reads = DeferredReads()  # the positions' values are checked in the encoder's one host read, before it runs
-        shape = input_batch_shape(input_ids, inputs_embeds)
-        if shape is not None:
+        reads = DeferredReads()  # the positions are checked in the encoder's one host read
+        if (shape := input_batch_shape(input_ids, inputs_embeds)) is not None:
             check_answer_positions(start_positions, end_positions, shape[0], reads.checks)
         outputs = self.seqbert(
             input_ids,
@@ -1445,23 +1383,11 @@ class SeqBertForQuestionAnswering(SeqBertPreTrainedModel):
             return_dict=True,
             **kwargs,
         )
-        logits = self.qa_outputs(outputs.last_hidden_state)  # (B, L, 2)
-        longest = None
-        if kwargs.get("static_layout") is True:
-            logits, longest = mask_beyond_longest(logits, attention_mask)
+        logits, span = span_logits(self.qa_outputs(outputs.last_hidden_state), attention_mask, kwargs)  # (B, L, 2)
         start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))  # 2 x (B, L)
         loss = None
         if start_positions is not None:
-            # BERT's loss: positions beyond the sequence are clamped to L and ignored; the mean of the two sides.
-            ignored = start_logits.shape[1]
-            losses = []
-            for side_logits, positions in ((start_logits, start_positions), (end_logits, end_positions)):
-                positions = positions.reshape(-1).long().clamp(0, ignored)
-                if longest is not None:  # beyond the batch's longest sequence, as the padded batch clamps them
-                    positions = positions.masked_fill(positions >= longest, ignored)
-                divisor = loss_divisor(positions, ignore_index=ignored)
-                losses.append(fixed_cross_entropy(side_logits.float(), positions, divisor, ignore_index=ignored))
-            loss = (losses[0] + losses[1]) / 2
+            loss = self.head_loss((start_logits, end_logits), (start_positions, end_positions), span=span, **kwargs)
         return QuestionAnsweringModelOutput(
             loss=loss,
             start_logits=start_logits,
@@ -1498,26 +1424,24 @@ class SeqBertForMultipleChoice(SeqBertPreTrainedModel):
         Inputs of shape `(B, num_choices, L)` (`inputs_embeds`: `(B, num_choices, L, H)`), plus `labels`
         (`torch.LongTensor` of shape `(B,)`, *optional*): index of the right choice. Returns
         `MultipleChoiceModelOutput` with `logits` (B, num_choices) and the cross-entropy `loss` (float32) when `labels`
-        are given (0.0 when all are -100, see `loss_divisor`).
+        are given.
 
         Raises:
-            TypeError, ValueError: as `SeqBertModel.forward` (inputs not 3-D (4-D embeddings), a dimension of 0,
-                the other inputs not shaped like them), and for `labels` not integer, not `(B,)`, or outside
+            TypeError, ValueError: as `SeqBertModel.forward` (inputs not 3-D, embeddings not 4-D, a dimension of 0,
+                the other inputs shaped unlike them), and for `labels` not integer, not `(B,)`, or outside
                 `[0, num_choices)` (-100 takes no loss).
         """
         check_multiple_choice_inputs(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
         batch_size, num_choices = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+        reads = DeferredReads()  # the labels are checked in the encoder's one host read
+        if labels is not None:
+            shape = (batch_size, num_choices)
+            labels = check_labels("labels", labels, shape, num_choices, "num_choices", True, reads.checks)
+            reads.count_labelled(labels)
 
         def flat(t: torch.Tensor | None, trailing: int) -> torch.Tensor | None:
-            # (B, num_choices, ...) -> (B * num_choices, ...)
-            return t if t is None else t.reshape(-1, *t.shape[t.dim() - trailing :])
+            return t if t is None else t.reshape(-1, *t.shape[t.dim() - trailing :])  # (B * num_choices, ...)
 
-        reads, counted = DeferredReads(), None  # labels are checked in the encoder's one host read, before it runs
-        if labels is not None:
-            labels = check_labels(
-                "labels", labels, (batch_size, num_choices), num_choices, "num_choices", True, reads.checks
-            )
-            counted = count_labelled(reads, labels != IGNORE_INDEX, {})
         outputs = self.seqbert(
             flat(input_ids, 1),
             attention_mask=flat(attention_mask, 1),
@@ -1529,11 +1453,7 @@ class SeqBertForMultipleChoice(SeqBertPreTrainedModel):
             **kwargs,
         )
         logits = self.classifier(self.dropout(outputs.pooler_output)).view(-1, num_choices)  # (B, num_choices)
-        loss = None
-        if labels is not None:
-            loss = fixed_cross_entropy(
-                logits.float(), labels, loss_divisor(labels, labelled=read_count(reads, counted))
-            )
+        loss = self.head_loss(logits, labels, reads, **kwargs) if labels is not None else None
         return MultipleChoiceModelOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -1643,13 +1563,7 @@ class SeqBertForCausalLM(SeqBertPreTrainedModel, GenerationMixin):
         hidden_states = outputs.last_hidden_state  # (B, L, H)
         kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = self.lm_head(hidden_states[:, kept])  # (B, L_kept, V)
-        loss = None
-        if labels is not None:
-            predicted = kwargs.get("shift_labels", labels[:, 1:])  # the labels the loss compares against
-            divisor = loss_divisor(predicted, kwargs.pop("num_items_in_batch", None))
-            loss = self.loss_function(
-                logits=logits, labels=labels, vocab_size=self.config.vocab_size, num_items_in_batch=divisor, **kwargs
-            )
+        loss = self.head_loss(logits, labels, **kwargs) if labels is not None else None
         return CausalLMOutputWithCrossAttentions(
             loss=loss,
             logits=logits,
@@ -1880,13 +1794,7 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
             **kwargs,
         )
         logits = self.lm_head(decoder_outputs.last_hidden_state)  # (B, T, V)
-        loss = None
-        if labels is not None:
-            loss = fixed_cross_entropy(
-                logits.view(-1, self.config.vocab_size).float(),
-                labels.reshape(-1).to(logits.device),
-                num_items_in_batch=loss_divisor(labels, kwargs.get("num_items_in_batch")),
-            )
+        loss = self.head_loss(logits, labels, **kwargs) if labels is not None else None
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
