@@ -36,6 +36,7 @@ CODE_FILES = {
     "checkpoint_loading.py",
     "attention_backends.py",
     "input_checks.py",
+    "decoder_checks.py",
     "packed_cpu_linears.py",
     "peft_integration.py",
     "transformers_compat.py",

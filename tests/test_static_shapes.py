@@ -37,7 +37,7 @@ from transformers import (
 )
 
 import seqbert
-from seqbert import attention_backends, input_checks
+from seqbert import attention_backends, decoder_checks, input_checks
 from seqbert.convert_bert import bert_state_dict_to_seqbert
 from seqbert.data import load_rotten_tomatoes
 from seqbert.static_shapes import Bucket, StaticShapeCollator, token_ladder
@@ -354,7 +354,7 @@ def test_a_static_batch_reads_nothing_on_the_host(tokenizer, features):
     batch = StaticShapeCollator(tokenizer, model, max_length=MAX_LENGTH)([{**f, "label": 1} for f in features])
     with mock.patch.object(input_checks, "read_on_host", side_effect=AssertionError("read")) as read:
         with (
-            mock.patch.object(seqbert.modeling_seqbert, "read_on_host", read),
+            mock.patch.object(decoder_checks, "read_on_host", read),
             mock.patch.object(attention_backends, "read_on_host", read),
         ):
             model(**batch).loss.backward()

@@ -1,19 +1,11 @@
 """PyTorch SeqBERT: a BERT-style Transformer encoder as a first-class `transformers` model.
 
-Reading order: embeddings -> attention -> feed-forward -> layers (pre-LN and post-LN) -> encoder stack ->
-pooler and LM head -> `SeqBertPreTrainedModel` -> `SeqBertModel` -> decoder -> task heads -> causal LM -> seq2seq.
+Reading order: embeddings -> attention -> feed-forward -> layers (pre-LN and post-LN) -> stacks -> pooler and LM head
+-> `SeqBertPreTrainedModel` -> `SeqBertModel` -> decoder -> task heads -> causal LM -> seq2seq. What surrounds the model
+lives in modules of its own, which docs/layout.md lists; those this file imports are copied with it into saved folders.
 
-This file holds the model. What surrounds it lives next to it, one module each: the checks of `forward` and
-`generate` arguments (`input_checks.py`), the bridges to older transformers 5.x releases (`transformers_compat.py`),
-the oneDNN packed linears `generate` runs under on CPU (`packed_cpu_linears.py`), PEFT's default adapter targets
-(`peft_integration.py`), BERT checkpoint conversion (`convert_bert.py`) and the attention back-ends with the unpadded
-layout they read (`attention_backends.py`: the eager reference, sdpa, torch's variable-length flash kernel on CUDA).
-This file and `configuration_seqbert.py`
-are copied into saved model folders for `trust_remote_code=True` users together with those modules, so they all
-import each other relatively and depend only on torch and transformers.
-
-Shape legend used in comments: B batch, L sequence length, H hidden_size, N heads, D head size (H / N),
-V vocab_size, C num_labels.
+Shapes in comments: B batch, L sequence length, T tokens computed, S sequences, H hidden_size, N heads, D head size
+(H / N), V vocab_size, C num_labels.
 """
 
 import copy
@@ -60,28 +52,26 @@ from .attention_backends import (
 from .checkpoint_loading import load_pretrained
 from .configuration_seqbert import SeqBertConfig
 from .convert_bert import from_bert_pretrained
+from .decoder_checks import (
+    check_decoder_inputs,
+    check_generate_arguments,
+    check_seq2seq_labels,
+    decoder_start_and_pad,
+    plan_decoder_reads,
+    read_decoder_inputs,
+)
 from .input_checks import (
     IGNORE_INDEX,
     LABELLED,
-    MASK_ALL_REAL,
-    SOURCE_MASK_ALL_REAL,
     DeferredReads,
-    IdsInRange,
     check_answer_positions,
-    check_decoder_inputs,
     check_encoder_inputs,
-    check_generate_arguments,
     check_labels,
     check_multiple_choice_inputs,
     check_num_labels,
     check_sequence_classification_labels,
-    check_shape,
-    check_tensor,
-    eager_execution,
+    check_vocabulary_size,
     input_batch_shape,
-    mask_after_read,
-    plan_decoder_reads,
-    read_on_host,
 )
 from .packed_cpu_linears import PackedCpuLinears
 from .peft_integration import register_peft_target_modules_on_import
@@ -623,15 +613,9 @@ class SeqBertPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     _supports_attention_backend = True
     _can_record_outputs = {"hidden_states": SeqBertLayer, "attentions": SeqBertSelfAttention}
-    # What `from_bert_pretrained` converts a BERT checkpoint into (see `convert_bert.load_bert_as_seqbert_state_dict`).
-    _bert_conversion_target = "encoder"
-    # Read by `Trainer` instead of the forward's signature (every forward here takes `**kwargs`, which Trainer would
-    # read as True). True: Trainer passes `num_items_in_batch`, the labelled positions of the accumulated batch of every
-    # process; the token-level losses (masked LM, token classification, causal LM, seq2seq) divide their sum by it, and
-    # the factor Trainer then applies under DDP (the number of processes, `average_tokens_across_devices`) cancels DDP's
-    # gradient averaging: loss and gradients are the mean over the global batch. Heads whose loss is a mean over their
-    # own batch set False: Trainer passes no count, multiplies nothing and divides by the accumulation steps itself.
-    # BERT's heads take `**kwargs` but ignore the count, so Trainer overcounts theirs (docs/training-at-scale.md).
+    _bert_conversion_target = "encoder"  # what `from_bert_pretrained` converts into (`convert_bert`)
+    # Trainer passes `num_items_in_batch` to the token-level losses, which divide by it (docs/training-at-scale.md);
+    # heads whose loss is a mean over their own batch set False.
     accepts_loss_kwargs = True
 
     def __init__(self, config: SeqBertConfig, *inputs, **kwargs):
@@ -647,9 +631,8 @@ class SeqBertPreTrainedModel(PreTrainedModel):
         super().__init__(config, *inputs, **kwargs)
 
     def __call__(self, *args, **kwargs):
-        """`nn.Module.__call__`, except that under `torch.compile` a batch its static-shape collator could not fit
-        (`static_layout=False`: beyond the collator's ladder, laid out as usual) runs eagerly, outside the compiled
-        graph (one graph break), so that no CUDA graph is recorded for a shape seen once, nor a stale one replayed."""
+        """`nn.Module.__call__`; under `torch.compile`, a batch beyond `StaticShapeCollator`'s ladder
+        (`static_layout=False`) runs eagerly, outside the compiled graph."""
         if kwargs.get("static_layout") is False and torch.compiler.is_compiling():
             return _call_eagerly(self, *args, **kwargs)
         return super().__call__(*args, **kwargs)
@@ -691,31 +674,14 @@ class SeqBertPreTrainedModel(PreTrainedModel):
         self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
     ) -> nn.Embedding:
         """
-        `PreTrainedModel.resize_token_embeddings`: every word embedding matrix of the model, its tied LM head and
-        `config.vocab_size` change together (for seq2seq, encoder and decoder side alike).
+        `PreTrainedModel.resize_token_embeddings`: every word embedding matrix, the tied LM head and
+        `config.vocab_size` change together (seq2seq: encoder and decoder alike).
 
         Raises:
             TypeError: `new_num_tokens` is not an int.
-            ValueError: the new size is below 1, or would drop a special token id of the config (`pad_token_id`,
-                `bos_token_id`, `eos_token_id`, `decoder_start_token_id`); nothing is resized then. transformers'
-                own `ValueError` for a `pad_to_multiple_of` that is not an int.
+            ValueError: the new size is below 1, or would drop a special token id of the config; nothing is resized.
         """
-        if new_num_tokens is not None and (isinstance(new_num_tokens, bool) or not isinstance(new_num_tokens, int)):
-            raise TypeError(
-                f"new_num_tokens must be an int or None, got {new_num_tokens!r} of type {type(new_num_tokens).__name__}"
-            )
-        size = self.config.vocab_size if new_num_tokens is None else new_num_tokens
-        if isinstance(pad_to_multiple_of, int) and pad_to_multiple_of > 0:
-            size = math.ceil(size / pad_to_multiple_of) * pad_to_multiple_of
-        if size < 1:
-            raise ValueError(f"new_num_tokens ({new_num_tokens}) must be >= 1")
-        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
-            token_id = getattr(self.config, name, None)
-            if token_id is not None and token_id >= size:
-                raise ValueError(
-                    f"new_num_tokens ({new_num_tokens}) would drop {name} ({token_id}): the vocabulary must keep ids "
-                    f"up to {token_id}; change config.{name} first, or keep at least {token_id + 1} tokens"
-                )
+        check_vocabulary_size(self.config, new_num_tokens, pad_to_multiple_of)
         return super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
 
     @classmethod
@@ -787,17 +753,12 @@ class SeqBertModelOutput(BaseModelOutputWithPooling):
 
 class SeqBertModel(SeqBertPreTrainedModel):
     """
-    The SeqBERT encoder: embeddings, `num_hidden_layers` pre- or post-LN layers and an optional BERT pooler.
-    `AutoModel` maps `SeqBertConfig` here.
-
-    On a seq2seq config (`is_encoder_decoder`), `AutoModel.from_pretrained` of a `SeqBertForConditionalGeneration`
-    folder gives this encoder with the encoder's weights: no pooler by default, and the decoder and LM-head weights
-    of the checkpoint are skipped without warnings.
+    The SeqBERT encoder (`AutoModel`): embeddings, `num_hidden_layers` pre- or post-LN layers, an optional pooler.
+    On a seq2seq config it is a seq2seq checkpoint's encoder (no pooler; the decoder's weights are skipped).
 
     Args:
         config (`SeqBertConfig`): model configuration.
-        add_pooling_layer (`bool`, *optional*): build the pooler (needed by sequence classification); defaults to
-            `True`, or `False` on a seq2seq config.
+        add_pooling_layer (`bool`, *optional*): build the pooler; defaults to `True`, or `False` on a seq2seq config.
     """
 
     def __init__(self, config: SeqBertConfig, add_pooling_layer: bool | None = None):
@@ -832,46 +793,26 @@ class SeqBertModel(SeqBertPreTrainedModel):
         Args:
             input_ids (`torch.LongTensor` of shape `(B, L)`): token ids in `[0, vocab_size)`.
             attention_mask (`torch.Tensor` of shape `(B, L)`, *optional*): 1 for real tokens, 0 for padding.
-            token_type_ids (`torch.LongTensor` of shape `(B, L)`, *optional*): segment ids in `[0, type_vocab_size)`;
-                defaults to 0.
-            position_ids (`torch.LongTensor` of shape `(B, L)`, *optional*): defaults to `0 .. L-1`. Positions that
-                restart (a step other than +1 along a row) start a new sequence: packed rows, as
-                `DataCollatorWithFlattening` builds them, attend only within each sequence.
+            token_type_ids (`torch.LongTensor` of shape `(B, L)`, *optional*): segment ids; defaults to 0.
+            position_ids (`torch.LongTensor` of shape `(B, L)`, *optional*): defaults to `0 .. L-1`; where they
+                restart, a new packed sequence starts (`DataCollatorWithFlattening`; or `cu_seq_lens_q`).
             inputs_embeds (`torch.Tensor` of shape `(B, L, H)`, *optional*): instead of `input_ids`.
-            cu_seq_lens_q (`torch.IntTensor` of shape `(S + 1,)`, *optional*): cumulative sequence lengths over the
-                flattened batch (`DataCollatorWithFlattening(return_flash_attn_kwargs=True)`); when given, they mark
-                the sequence boundaries instead of `position_ids`.
-            deferred_reads (`DeferredReads`, *optional*): a task head's checks of its own arguments (labels) and
-                scalars it needs on the host, read in the encoder's one host read, before the encoder runs.
-            static_layout (`bool`, *optional*): what `StaticShapeCollator` adds to its batches. True: the batch is
-                the padded batch of its examples (B, L), and carries its layout, computed and checked on the CPU:
-                `indices` (int64, T, each token's flat position, B x L for filler), `cu_seqlens` (int32, S + 1 offsets,
-                an offset repeated for an empty sequence) and `max_seqlen` (an int bound on the longest sequence). The
-                forward reads nothing on the host (no sync on a GPU) and every shape is the batch's, so a CUDA graph
-                can capture it; the outputs are the padded batch's. False: a batch the collator could not fit (beyond
-                its ladder), laid out as usual; under `torch.compile` the model runs it eagerly, outside any graph.
-            output_hidden_states, output_attentions, return_dict: as in every transformers model.
+            deferred_reads (`DeferredReads`, *optional*): a head's checks and scalars, read in the encoder's one
+                host read.
+            static_layout (`bool`, *optional*): `StaticShapeCollator`'s batches: True with their layout (`indices`,
+                `cu_seqlens`, `max_seqlen`, checked on the CPU; nothing is read on the host), False beyond its ladder.
 
         Returns:
-            `SeqBertModelOutput` (a `BaseModelOutputWithPooling`): `last_hidden_state` (B, L, H) float,
-            `pooler_output` (B, H) or None, `layer_inputs` on a `cross_attention_source="same_layer"` seq2seq config,
-            `hidden_states` (num_hidden_layers + 1 tensors of (B, L, H)) and `attentions` (num_hidden_layers tensors
-            of (B, N, L, L); eager attention only) on request. With sdpa (the default) `last_hidden_state` is zero
-            at padding positions, whichever path ran (unpadded, or padded when traced or when per-layer outputs
-            are requested); the eager reference computes them as BERT does.
+            `SeqBertModelOutput`: `last_hidden_state` (B, L, H), zero at padding with sdpa (BERT's values with eager
+            attention), `pooler_output` (B, H) or None, `layer_inputs` (a `cross_attention_source="same_layer"`
+            seq2seq config), `hidden_states` and `attentions` (eager attention) on request.
 
         Raises:
-            TypeError: an argument is not a tensor, ids are not integers, or `inputs_embeds` is not floating-point.
-            ValueError: both or neither of `input_ids` and `inputs_embeds`; an empty batch or sequence; a sequence
-                longer than `max_position_embeddings` with learned positions; `attention_mask`, `token_type_ids` or
-                `position_ids` shaped unlike the input; ids outside `[0, vocab_size)`, segment ids outside
-                `[0, type_vocab_size)`, negative positions (or beyond `max_position_embeddings` when learned);
-                `cu_seq_lens_q` that does not cover the batch; packed rows without `cu_seq_lens_q` under
-                flash-attention. Value checks are skipped under `torch.compile` and tracing.
+            TypeError, ValueError: arguments of the wrong type or shape, both or neither of `input_ids` and
+                `inputs_embeds`, ids outside the vocabulary or segment range, positions beyond learned ones,
+                `cu_seq_lens_q` that does not cover the batch (values are not checked while traced).
         """
-        # Every value check, a head's included, is read on the host together with the unpadded layout: one sync. A
-        # static batch's values were checked by its collator on the CPU: nothing is read.
-        reads = DeferredReads() if deferred_reads is None else deferred_reads
+        reads = DeferredReads() if deferred_reads is None else deferred_reads  # one host read: checks and layout
         value_checks = []
         check_encoder_inputs(
             self.config, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, value_checks
@@ -935,18 +876,9 @@ class SeqBertModel(SeqBertPreTrainedModel):
         layer_inputs: list | None,
         **kwargs,
     ) -> tuple[torch.Tensor, list | None]:
-        """
-        The fast path: only the T real tokens go through embeddings, projections, feed-forward and LayerNorms, as
-        (1, T, H) from the embeddings to the last layer; padding comes back once, at the output. Reads nothing on the
-        host (the layout's sizes are known).
-
-        The embeddings are looked up and summed on the whole (B, L) grid, as BERT's are, and the real tokens are
-        gathered right after (`SeqBertEmbeddings`): whatever hooks `get_input_embeddings()` (NEFTune's noise, captum's
-        attributions, adversarial training) sees BERT's (B, L, H).
-
-        Returns:
-            `(last_hidden_state (B, L, H), layer_inputs)`: zeros at padding; `layer_inputs` padded likewise.
-        """
+        """The unpadded path: the T tokens of `unpadded` as (1, T, H) from the embeddings (looked up on BERT's (B, L)
+        grid, then gathered) to the last layer, padded back once. Returns `(last_hidden_state (B, L, H), layer_inputs)`,
+        zeros at padding."""
         embedding_output = self.embeddings(
             input_ids=input_ids,
             token_type_ids=token_type_ids,
@@ -969,13 +901,9 @@ class SeqBertModel(SeqBertPreTrainedModel):
 
 class SeqBertDecoder(SeqBertPreTrainedModel):
     """
-    A SeqBERT decoder stack: its own embeddings (word, position, segment), causal layers with a key/value cache, and
-    a final LayerNorm when pre-LN. Not registered with an Auto class.
-
-    With cross-attention (`SeqBertForConditionalGeneration.decoder`): `num_decoder_layers` layers of causal
-    self-attention -> cross-attention over the encoder output -> feed-forward. Without (`SeqBertForCausalLM.seqbert`,
-    decoder-only, as BERT's `BertLMHeadModel`): `num_hidden_layers` encoder-style layers whose self-attention is
-    causal.
+    A SeqBERT decoder stack: embeddings, causal layers with a key/value cache, a final LayerNorm when pre-LN. With
+    cross-attention (seq2seq): `num_decoder_layers` layers of causal self-attention, cross-attention and
+    feed-forward; without (the causal LM, BERT's `BertLMHeadModel`): `num_hidden_layers` causal encoder layers.
 
     Args:
         config (`SeqBertConfig`): model configuration.
@@ -1027,73 +955,37 @@ class SeqBertDecoder(SeqBertPreTrainedModel):
         r"""
         Args:
             input_ids (`torch.LongTensor` of shape `(B, L)`): token ids (the new ones only, when a cache is given).
-            attention_mask (`torch.Tensor`, *optional*): `(B, L_past + L)`, 1 for real tokens; or a prepared 4D mask
-                `(B, 1, L, L_cache)` (what `generate` passes with a static cache).
+            attention_mask (`torch.Tensor`, *optional*): `(B, L_past + L)`, 1 for real tokens, or a prepared 4-D mask.
             encoder_hidden_states (`torch.Tensor` of shape `(B, S, H)` or `(B, num_decoder_layers, S, H)`): what the
-                cross-attention reads (cross-attention only): one tensor for every layer (the encoder output), or,
-                4-D, `[:, i]` for layer `i` (`cross_attention_source="same_layer"`).
+                cross-attention reads: the encoder output, or `[:, i]` for layer `i` (`cross_attention_source=
+                "same_layer"`).
             encoder_attention_mask (`torch.Tensor` of shape `(B, S)`, *optional*): 1 for real source tokens.
-            past_key_values (`Cache`, *optional*): an `EncoderDecoderCache` (cross-attention) or a self-attention
-                cache; a dynamic one is created here when `use_cache` and none is given (not while training with
-                gradient checkpointing, whose replay would write the cache twice).
-            inputs_embeds (`torch.Tensor` of shape `(B, L, H)`, *optional*): instead of `input_ids`.
-            position_ids (`torch.LongTensor` of shape `(B, L)`, *optional*): defaults to `L_past .. L_past + L - 1`
-                (`generate` passes them for left-padded prompts).
-            token_type_ids (`torch.LongTensor` of shape `(B, L)`, *optional*): segment ids; default 0.
-            use_cache (`bool`, *optional*): defaults to `config.use_cache`.
-            cache (`Cache`, *optional*): `past_key_values` under the name transformers >= 5.24 passes it by.
-            deferred_reads (`DeferredReads`, *optional*): the calling head's checks (labels), read on the host in the
-                decoder's one read, with its input checks and whether its masks have padding (`plan_decoder_reads`);
-                or, read already (`values` set), the encoder's read of a seq2seq step, planned with the decoder's.
+            past_key_values / cache (`Cache`, *optional*): the key/value cache (`EncoderDecoderCache` with
+                cross-attention); made here with `use_cache` (not under gradient checkpointing).
+            position_ids, token_type_ids (`torch.LongTensor` of shape `(B, L)`, *optional*): positions (default
+                `L_past ..`) and segment ids (default 0).
+            deferred_reads (`DeferredReads`, *optional*): a head's checks, read with the decoder's (`values` set: read
+                already, with a seq2seq step's encoder).
 
         Returns:
-            `BaseModelOutputWithPastAndCrossAttentions` with `last_hidden_state` (B, L, H) and the cache (the field
-            `cache` from transformers 5.24, `past_key_values` before).
+            `BaseModelOutputWithPastAndCrossAttentions`: `last_hidden_state` (B, L, H) and the cache.
 
         Raises:
             TypeError, ValueError: both or neither of `input_ids` / `inputs_embeds`; no `encoder_hidden_states` with
-                cross-attention; masks, positions or encoder states shaped unlike the inputs; ids outside
-                `[0, vocab_size)`; or (learned positions) positions beyond `max_position_embeddings`.
+                cross-attention; inputs shaped unlike each other; ids or positions out of range.
         """
         past_key_values = either_cache(past_key_values, cache)
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if use_cache and self.training and torch.is_grad_enabled() and self.layers[0].gradient_checkpointing:
             use_cache, past_key_values = False, None
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        check_decoder_inputs(
-            self.config,
-            input_ids,
-            attention_mask,
-            encoder_hidden_states,
-            encoder_attention_mask,
-            inputs_embeds,
-            position_ids,
-            token_type_ids,
-            past_length,
-            self.add_cross_attention,
-        )
-        # One host read: the values checked, and whether the masks have padding (if not, none is built, and
-        # transformers reads nothing to find out).
-        reads = DeferredReads() if deferred_reads is None else deferred_reads
-        if reads.values is None:
-            plan_decoder_reads(
-                self.config,
-                reads,
-                input_ids,
-                attention_mask,
-                encoder_attention_mask,
-                position_ids,
-                token_type_ids,
-                self.add_cross_attention,
-            )
-            reads.values = read_on_host(reads.checks, reads.scalars) if eager_execution() else None
-        # (an all-real mask with given positions stays for training: without it, transformers looks for packed rows)
-        attention_mask, causal_skip = mask_after_read(
-            attention_mask, reads.value(MASK_ALL_REAL), position_ids is None or past_key_values is not None
-        )
-        encoder_attention_mask, source_skip = mask_after_read(
-            encoder_attention_mask, reads.value(SOURCE_MASK_ALL_REAL), True
-        )
+        inputs = (input_ids, attention_mask, encoder_hidden_states, encoder_attention_mask, inputs_embeds)
+        check_decoder_inputs(self.config, *inputs, position_ids, token_type_ids, past_length, self.add_cross_attention)
+        reads = DeferredReads() if deferred_reads is None else deferred_reads  # one host read: checks, mask padding
+        attention_mask, causal_skip, encoder_attention_mask, source_skip = read_decoder_inputs(
+            self.config, reads, input_ids, attention_mask, encoder_attention_mask, position_ids, token_type_ids,
+            self.add_cross_attention, past_key_values is not None,
+        )  # fmt: skip
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
             if self.add_cross_attention:
@@ -1464,7 +1356,18 @@ class SeqBertForMultipleChoice(SeqBertPreTrainedModel):
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-class SeqBertForCausalLM(SeqBertPreTrainedModel, GenerationMixin):
+class SeqBertGenerationMixin(GenerationMixin):
+    """`GenerationMixin` with `generate` unchanged in arguments and results: its arguments checked first
+    (`check_generate_arguments`: `ValueError` / `TypeError` where transformers would fail deep inside), the decode
+    steps' small fp32 products on CPU on prepacked oneDNN weights (`PackedCpuLinears`; same ids, logits within ~1e-6)."""
+
+    def generate(self, *args, **kwargs):
+        check_generate_arguments(self.config, self.generation_config, args, kwargs)
+        with PackedCpuLinears(self):
+            return super().generate(*args, **kwargs)
+
+
+class SeqBertForCausalLM(SeqBertPreTrainedModel, SeqBertGenerationMixin):
     """
     Decoder-only SeqBERT (`AutoModelForCausalLM`), BERT's `BertLMHeadModel` as a model of its own: embeddings,
     `num_hidden_layers` layers of causal self-attention and feed-forward (pre- or post-LN), a key/value cache for
@@ -1486,15 +1389,6 @@ class SeqBertForCausalLM(SeqBertPreTrainedModel, GenerationMixin):
         self.seqbert = SeqBertDecoder(config, add_cross_attention=False)
         self.lm_head = SeqBertLMHead(config)
         self.post_init()
-
-    def generate(self, *args, **kwargs):
-        """`GenerationMixin.generate`, unchanged in arguments and results, with the decode steps' small fp32 matrix
-        products on CPU running on prepacked oneDNN weights (`PackedCpuLinears`; same ids, logits within ~1e-6).
-        Raises `ValueError` / `TypeError` for arguments transformers would fail on deep inside (an empty prompt,
-        `num_beams` < 1, token ids outside the vocabulary): see `check_generate_arguments`."""
-        check_generate_arguments(self.config, self.generation_config, args, kwargs)
-        with PackedCpuLinears(self):
-            return super().generate(*args, **kwargs)
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.seqbert.get_input_embeddings()
@@ -1603,7 +1497,7 @@ def cross_attention_states(config: SeqBertConfig, encoder_outputs) -> torch.Tens
     return layer_inputs
 
 
-class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
+class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, SeqBertGenerationMixin):
     """
     Encoder-decoder SeqBERT ("Attention Is All You Need" §3.1): `self.seqbert` is the encoder (a `SeqBertModel`
     without pooler, so `AutoModel` on a seq2seq checkpoint yields it), `self.decoder` the decoder and `self.lm_head`
@@ -1635,15 +1529,6 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
                 "lm_head.decoder.weight": "seqbert.embeddings.word_embeddings.weight",
             }
         self.post_init()
-
-    def generate(self, *args, **kwargs):
-        """`GenerationMixin.generate`, unchanged in arguments and results, with the decode steps' small fp32 matrix
-        products on CPU running on prepacked oneDNN weights (`PackedCpuLinears`; same ids, logits within ~1e-6).
-        Raises `ValueError` / `TypeError` for arguments transformers would fail on deep inside (an empty prompt,
-        `num_beams` < 1, token ids outside the vocabulary): see `check_generate_arguments`."""
-        check_generate_arguments(self.config, self.generation_config, args, kwargs)
-        with PackedCpuLinears(self):
-            return super().generate(*args, **kwargs)
 
     def get_encoder(self, modality: str | None = None) -> nn.Module:
         """The text encoder (`self.seqbert`). SeqBERT has no encoder for another `modality` ("image", "video",
@@ -1677,26 +1562,10 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
         return encoder_embeddings
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
-        """Decoder inputs for teacher forcing (`shift_tokens_right`). Raises `ValueError` when the config has no
-        `decoder_start_token_id` (None or negative), no `pad_token_id`, or a negative one (no pad token) while the
-        labels hold -100, for which the pad token stands in."""
-        start = self.config.decoder_start_token_id
-        if start is None:
-            start = self.generation_config.decoder_start_token_id
-        pad = self.config.pad_token_id
-        needs_pad = pad is None or (pad < 0 and eager_execution() and bool((labels == IGNORE_INDEX).any()))
-        for name, value, missing in (
-            ("decoder_start_token_id", start, start is None or start < 0),
-            ("pad_token_id", pad, needs_pad),
-        ):
-            if missing:
-                raise ValueError(
-                    f"config.{name} is {value}, but building decoder_input_ids from labels needs a token id there "
-                    f"(decoder inputs are the labels shifted right behind decoder_start_token_id, with pad_token_id "
-                    f"for -100): set config.{name} (for BERT2BERT: the tokenizer's [CLS] / [PAD] id) or pass "
-                    "decoder_input_ids"
-                )
-        return shift_tokens_right(labels, self.config.pad_token_id, start)
+        """Decoder inputs for teacher forcing (`shift_tokens_right`). Raises `ValueError` without a
+        `decoder_start_token_id` or a `pad_token_id` (`decoder_start_and_pad`)."""
+        start, pad = decoder_start_and_pad(self.config, self.generation_config, labels)
+        return shift_tokens_right(labels, pad, start)
 
     @can_return_tuple
     def forward(
@@ -1718,53 +1587,32 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, GenerationMixin):
         r"""
         Args:
             input_ids (`torch.LongTensor` of shape `(B, S)`): source token ids (or `inputs_embeds` (B, S, H)).
-            attention_mask (`torch.Tensor` of shape `(B, S)`, *optional*): 1 for real source tokens, 0 for padding.
-            token_type_ids (`torch.LongTensor` of shape `(B, S)`, *optional*): source segment ids.
-            decoder_input_ids (`torch.LongTensor` of shape `(B, T)`, *optional*): decoder inputs; built from `labels`
-                (shifted right behind `decoder_start_token_id`) when omitted.
-            decoder_attention_mask (`torch.Tensor` of shape `(B, T)`, *optional*): 1 for real decoder tokens; built
-                with the decoder inputs from `labels` as `EncoderDecoderModel` builds it: 0 where the decoder input is
-                `pad_token_id` (an ignored -100 label, or a label padded with the pad token), 1 elsewhere.
+            attention_mask, token_type_ids (`torch.Tensor` of shape `(B, S)`, *optional*): the source's.
+            decoder_input_ids (`torch.LongTensor` of shape `(B, T)`, *optional*): built from `labels` (shifted right
+                behind `decoder_start_token_id`) when omitted.
+            decoder_attention_mask (`torch.Tensor` of shape `(B, T)`, *optional*): built with them as
+                `EncoderDecoderModel` builds it: 0 where the decoder input is `pad_token_id`.
             encoder_outputs (`BaseModelOutput` or tuple, *optional*): a precomputed encoder output (generation).
-            past_key_values (`EncoderDecoderCache`, *optional*): decoder cache from a previous step (`cache` under
-                the name transformers >= 5.24 passes it by).
+            past_key_values / cache (`EncoderDecoderCache`, *optional*): the decoder's cache.
             labels (`torch.LongTensor` of shape `(B, T)`, *optional*): target ids, -100 where no loss is taken.
-            use_cache (`bool`, *optional*): return the cache (defaults to `config.use_cache`; off when `labels`).
 
         Returns:
-            `Seq2SeqLMOutput`: `logits` (B, T, V) float, `loss` (scalar mean cross-entropy over labelled positions, or
-            summed / `num_items_in_batch` when Trainer passes it; 0.0 when every label is -100, see `loss_divisor`),
-            `past_key_values`, and on request decoder and
-            encoder hidden states, self-attentions and cross-attentions.
+            `Seq2SeqLMOutput`: `logits` (B, T, V), `loss` (float32 cross-entropy) with `labels`, the cache, and on
+            request the decoder's and encoder's hidden states and attentions.
 
         Raises:
-            TypeError, ValueError: as `SeqBertModel.forward` (source) and `SeqBertDecoder.forward` (target); no
-                decoder inputs and no labels; labels not integer `(B, T)`, shaped unlike the decoder inputs or
-                outside `[0, vocab_size)` (-100 takes no loss); labels without decoder inputs while the config has
-                no `decoder_start_token_id` or `pad_token_id`.
+            TypeError, ValueError: as `SeqBertModel.forward` and `SeqBertDecoder.forward`; labels not integer
+                `(B, T)` like the decoder inputs, or out of range; neither labels nor decoder inputs; labels without
+                decoder inputs and no `decoder_start_token_id` or `pad_token_id`.
         """
         reads = DeferredReads()  # one host read per step: the encoder's, or the decoder's where no encoder runs
+        check_seq2seq_labels(self.config, labels, decoder_input_ids, decoder_inputs_embeds, reads.checks)
         if labels is not None:
-            check_tensor("labels", labels, "integer", (2,), "(batch_size, target_length)")
-            reads.checks.append(IdsInRange("labels", labels, self.config.vocab_size, "vocab_size", ignore_index=True))
-            labels = labels.long()
-            use_cache = False
+            labels, use_cache = labels.long(), False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
-                if decoder_attention_mask is None:
-                    # EncoderDecoderModel's rule (BERT2BERT): no position attends to a pad-token input, whether it came
-                    # from an ignored (-100) label or from a label that is the pad token itself.
+                if decoder_attention_mask is None:  # EncoderDecoderModel's rule: no attention to a pad-token input
                     decoder_attention_mask = (decoder_input_ids != self.config.pad_token_id).long()
-        if decoder_input_ids is None and decoder_inputs_embeds is None:
-            raise ValueError(
-                "SeqBertForConditionalGeneration needs decoder inputs: pass labels (teacher forcing builds "
-                "decoder_input_ids from them), decoder_input_ids or decoder_inputs_embeds, or call generate()"
-            )
-        if labels is not None:
-            target = decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds
-            check_shape(
-                "labels", labels, tuple(target.shape[:2]), "like the decoder inputs (batch_size, target_length)"
-            )
         if encoder_outputs is None:
             # The decoder's checks and mask flags join the labels' in the encoder's read (the decoder reads nothing).
             plan_decoder_reads(
