@@ -335,3 +335,24 @@ def decoder_start_and_pad(config: SeqBertConfig, generation_config, labels: torc
                 "decoder_input_ids"
             )
     return start, pad
+
+
+def check_decoder_only(config: SeqBertConfig) -> None:
+    """Raise `ValueError` on a seq2seq config (`is_encoder_decoder`), which `SeqBertForCausalLM` cannot build."""
+    if config.is_encoder_decoder:
+        raise ValueError(
+            "SeqBertForCausalLM is decoder-only, but config.is_encoder_decoder is True: use "
+            "SeqBertForConditionalGeneration (AutoModelForSeq2SeqLM) for a seq2seq config"
+        )
+
+
+def check_layer_inputs(layer_inputs: torch.Tensor | None) -> torch.Tensor:
+    """An encoder output's `layer_inputs`, which a `cross_attention_source="same_layer"` decoder reads; `ValueError`
+    where they are missing."""
+    if layer_inputs is None:
+        raise ValueError(
+            "encoder_outputs has no layer_inputs, but this model's cross_attention_source is 'same_layer': decoder "
+            "layer i reads the input of encoder layer i. Pass the whole output of model.get_encoder()(...) "
+            "(a SeqBertModelOutput), not only its last_hidden_state"
+        )
+    return layer_inputs

@@ -20,7 +20,7 @@ from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationMixin
 from transformers.loss.loss_utils import fixed_cross_entropy
-from transformers.masking_utils import create_bidirectional_mask, create_causal_mask, packed_sequence_mask_function
+from transformers.masking_utils import packed_sequence_mask_function
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -54,7 +54,9 @@ from .configuration_seqbert import SeqBertConfig
 from .convert_bert import from_bert_pretrained
 from .decoder_checks import (
     check_decoder_inputs,
+    check_decoder_only,
     check_generate_arguments,
+    check_layer_inputs,
     check_seq2seq_labels,
     decoder_start_and_pad,
     plan_decoder_reads,
@@ -75,28 +77,25 @@ from .input_checks import (
 )
 from .packed_cpu_linears import PackedCpuLinears
 from .peft_integration import register_peft_target_modules_on_import
-from .transformers_compat import CACHE_NAME, OutputRecorder, capture_outputs, either_cache, mask_arguments
+from .transformers_compat import (
+    CACHE_NAME,
+    OutputRecorder,
+    bidirectional_mask,
+    capture_outputs,
+    causal_mask,
+    either_cache,
+)
 
 
 logger = logging.get_logger(__name__)
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Embeddings
-# ----------------------------------------------------------------------------------------------------------------------
+# Embeddings -----------------------------------------------------------------------------------------------------------
 
 
 def sinusoidal_position_embedding(position_ids: torch.Tensor, dim: int) -> torch.Tensor:
     """
-    The fixed sinusoidal position vectors of "Attention Is All You Need" (Vaswani et al. 2017, §3.5):
-    `PE[pos, 2i] = sin(pos / 10000^(2i/dim))`, `PE[pos, 2i+1] = cos(pos / 10000^(2i/dim))`, computed for the
-    positions asked for, so any position (any sequence length) works.
-
-    Args:
-        position_ids (`torch.Tensor` of any shape `S`): integer positions, >= 0.
-        dim (`int`): embedding width; must be even.
-
-    Returns:
-        `torch.Tensor` of shape `(*S, dim)`, float32 (the angles are computed in float32), on `position_ids`' device.
+    "Attention Is All You Need" §3.5: `PE[pos, 2i] = sin(pos / 10000^(2i/dim))`, `PE[pos, 2i+1] = cos(same)`, for the
+    positions asked for (any length). `position_ids` (*S) integers >= 0, `dim` even -> (*S, dim) float32.
     """
     inv_freq = torch.exp(
         torch.arange(0, dim, 2, dtype=torch.float32, device=position_ids.device) * (-math.log(10000.0) / dim)
@@ -180,19 +179,13 @@ class SeqBertEmbeddings(nn.Module):
         return self.dropout(self.layer_norm(embeddings))
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Attention
-# ----------------------------------------------------------------------------------------------------------------------
+# Attention ------------------------------------------------------------------------------------------------------------
 
 
 class SeqBertAttention(nn.Module):
-    """
-    Multi-head scaled dot-product attention with BERT's separate query, key and value projections (named as in
-    BERT, so recipes that adapt `["query", "value"]`, such as PEFT's LoRA default for BERT, apply unchanged) and an
-    output projection. The attention itself goes through the transformers attention interface
-    (`config._attn_implementation`: "eager", "sdpa" (default), "flash_attention_2", "flex_attention").
-    `SeqBertSelfAttention` and `SeqBertCrossAttention` decide where keys and values come from.
-    """
+    """Multi-head scaled dot-product attention with BERT's query, key and value projections (BERT's names: PEFT's
+    LoRA default for BERT applies) and an output projection, through the transformers attention interface
+    (`config._attn_implementation`). `SeqBertSelfAttention` and `SeqBertCrossAttention` say where keys come from."""
 
     def __init__(self, config: SeqBertConfig, layer_idx: int | None, is_causal: bool):
         super().__init__()
@@ -218,29 +211,13 @@ class SeqBertAttention(nn.Module):
             projected = unpadded.to_attention_layout(projected)  # (S, L_max, H)
         return projected.view(*projected.shape[:-1], self.num_heads, self.head_dim).transpose(1, 2)
 
-    def _attend(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        unpadded: UnpaddedBatch | None = None,
-        **kwargs: Unpack[TransformersKwargs],
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _attend(self, query, key, value, attention_mask, unpadded: UnpaddedBatch | None = None, **kwargs):
         """(B, N, L, D) queries and (B, N, S, D) keys/values -> `(output (B, L, H), weights (B, N, L, S) or None)`;
         with `unpadded`, the output is (1, T, H) over the real tokens (the projection skips padding)."""
         attn_output, attn_weights = self.merged_heads(query, key, value, attention_mask, unpadded, **kwargs)
         return self.out_proj(attn_output), attn_weights
 
-    def merged_heads(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        unpadded: UnpaddedBatch | None = None,
-        **kwargs: Unpack[TransformersKwargs],
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def merged_heads(self, query, key, value, attention_mask, unpadded: UnpaddedBatch | None = None, **kwargs):
         """`_attend` before the output projection: the heads' outputs side by side, (B, L, H) or (1, T, H)."""
         dropout = self.attention_dropout if self.training else 0.0
         if unpadded is not None and unpadded.varlen:  # (T, N, D) each, on CUDA: no layout, no mask
@@ -269,14 +246,7 @@ class SeqBertAttention(nn.Module):
                 else ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
             )
         attn_output, attn_weights = attention_interface(
-            self,
-            query,
-            key,
-            value,
-            attention_mask,
-            dropout=dropout,
-            scaling=self.scaling,
-            **kwargs,
+            self, query, key, value, attention_mask, dropout=dropout, scaling=self.scaling, **kwargs
         )  # (B, L, N, D)
         # (B, L, H), by the queries' shape: vLLM's attention function returns the tokens flattened, (B * L, N * D).
         attn_output = attn_output.reshape(query.shape[0], query.shape[2], -1)
@@ -350,9 +320,7 @@ class SeqBertCrossAttention(SeqBertAttention):
         return self._attend(query, key, value, attention_mask, **kwargs)
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Feed-forward
-# ----------------------------------------------------------------------------------------------------------------------
+# Feed-forward ---------------------------------------------------------------------------------------------------------
 
 
 class SeqBertMLP(nn.Module):
@@ -370,9 +338,7 @@ class SeqBertMLP(nn.Module):
         return self.dropout(self.down_proj(self.act(self.up_proj(hidden_states))))
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Layers: pre-LN and post-LN share their parameters' names and differ only in where the LayerNorms sit.
-# ----------------------------------------------------------------------------------------------------------------------
+# Layers: pre-LN and post-LN share their parameters' names and differ only in where the LayerNorms sit. ----------------
 
 
 class SeqBertLayer(GradientCheckpointingLayer):
@@ -473,15 +439,8 @@ class SeqBertPreNormDecoderLayer(SeqBertDecoderLayer):
     """Pre-LN decoder layer: `x + SelfAttn(LN(x))`, `x + CrossAttn(LN(x), enc)`, `x + FFN(LN(x))`. (B, L, H) -> (B, L, H)."""
 
     def forward(
-        self,
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        encoder_hidden_states: torch.Tensor,
-        encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
-        **kwargs: Unpack[TransformersKwargs],
-    ) -> torch.Tensor:
-        x = hidden_states
+        self, x, attention_mask, encoder_hidden_states, encoder_attention_mask=None, past_key_values=None, **kwargs
+    ):
         x = x + self._self_attend(self.self_attention_norm(x), attention_mask, past_key_values, **kwargs)
         x = x + self._cross_attend(
             self.cross_attention_norm(x), encoder_hidden_states, encoder_attention_mask, past_key_values, **kwargs
@@ -493,15 +452,8 @@ class SeqBertPostNormDecoderLayer(SeqBertDecoderLayer):
     """Post-LN decoder layer (BERT2BERT): `LN(x + SelfAttn(x))`, `LN(x + CrossAttn(x, enc))`, `LN(x + FFN(x))`."""
 
     def forward(
-        self,
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        encoder_hidden_states: torch.Tensor,
-        encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
-        **kwargs: Unpack[TransformersKwargs],
-    ) -> torch.Tensor:
-        x = hidden_states
+        self, x, attention_mask, encoder_hidden_states, encoder_attention_mask=None, past_key_values=None, **kwargs
+    ):
         x = self.self_attention_norm(x + self._self_attend(x, attention_mask, past_key_values, **kwargs))
         x = self.cross_attention_norm(
             x + self._cross_attend(x, encoder_hidden_states, encoder_attention_mask, past_key_values, **kwargs)
@@ -512,9 +464,7 @@ class SeqBertPostNormDecoderLayer(SeqBertDecoderLayer):
 SEQBERT_DECODER_LAYER_CLASSES = {"pre": SeqBertPreNormDecoderLayer, "post": SeqBertPostNormDecoderLayer}
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Pooler and LM head
-# ----------------------------------------------------------------------------------------------------------------------
+# Pooler and LM head ---------------------------------------------------------------------------------------------------
 
 
 class SeqBertPooler(nn.Module):
@@ -544,9 +494,7 @@ class SeqBertLMHead(nn.Module):
         return self.decoder(self.layer_norm(self.act(self.dense(hidden_states))))
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Pretrained model base
-# ----------------------------------------------------------------------------------------------------------------------
+# Pretrained model base ------------------------------------------------------------------------------------------------
 
 
 def loss_divisor(
@@ -556,14 +504,10 @@ def loss_divisor(
     labelled: int | None = None,
 ) -> torch.Tensor | int | None:
     """
-    What a cross-entropy's sum over labelled positions is divided by: Trainer's `num_items_in_batch` (the labelled
-    positions of the accumulated batch) when given, else the number of `labels` that are not `ignore_index` (bit for
-    bit PyTorch's mean reduction); never below 1. Where that number was read on the host (`labelled`), None: the loss
-    takes PyTorch's mean reduction itself. The floor is seqbert's own choice: a batch in which every label is ignored
-    gets loss 0.0 with zero gradients, where BERT's mean is 0 / 0 = NaN.
-
-    Returns:
-        A scalar int64 tensor on `labels`' device, `num_items_in_batch` floored at 1 (an int stays an int), or None.
+    What a cross-entropy's sum over labelled positions is divided by: Trainer's `num_items_in_batch` when given, else
+    the number of `labels` that are not `ignore_index` (a scalar int64 tensor: bit for bit PyTorch's mean), or None
+    where that number was read on the host (`labelled` > 0: the loss takes PyTorch's mean itself). Never below 1, our
+    own choice: where every label is ignored the loss is 0.0, with zero gradients, where BERT's mean is 0 / 0 = NaN.
     """
     if num_items_in_batch is None and labelled is not None:
         return None if labelled > 0 else 1
@@ -687,66 +631,49 @@ class SeqBertPreTrainedModel(PreTrainedModel):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
         """
-        `PreTrainedModel.from_pretrained`, reading safetensors weights only unless `use_safetensors=False` is given
-        (unpickling runs code), with clear errors where transformers would fail obscurely or load a partly random model
-        (`checkpoint_loading.load_pretrained`). With `ignore_mismatched_sizes=True`, transformers' behaviour applies.
+        `PreTrainedModel.from_pretrained`, safetensors weights only unless `use_safetensors=False` (unpickling runs
+        code), with clear errors where transformers would fail obscurely or load a partly random model
+        (`checkpoint_loading.load_pretrained`).
 
         Raises:
-            ValueError: only pickled weights and `use_safetensors` not `False`; seqbert 0.1.0's fused attention
-                projections (`convert_bert.split_fused_attention` converts them).
-            MismatchedSizesError: (a `RuntimeError` and a `ValueError`) checkpoint parameters shaped unlike the model's,
-                naming them, both shapes and the config fields behind them.
-            OSError: no `config.json` in a local folder; no safetensors weights; a truncated or corrupt `config.json`,
-                index or weights file, or a missing shard (naming the file); weights holding NaN, infinite or
-                implausibly large values; anything else `PreTrainedModel.from_pretrained` raises.
+            ValueError: only pickled weights; seqbert 0.1.0's fused attention projections.
+            MismatchedSizesError: (a `RuntimeError` and a `ValueError`) parameters shaped unlike the model's, without
+                `ignore_mismatched_sizes=True`.
+            OSError: no `config.json`; no safetensors weights; a truncated, corrupt or missing file (named); weights
+                holding NaN, infinite or implausibly large values; what `PreTrainedModel.from_pretrained` raises.
         """
         return load_pretrained(cls, super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs)
 
     @classmethod
     def from_bert_pretrained(cls, pretrained_model_name_or_path: str, **kwargs):
         """
-        A BERT checkpoint (a Hub name such as `"bert-base-uncased"`, or a local folder) as this SeqBERT class: post-LN,
-        BERT's numbers. BertModel, BertForPreTraining, BertForMaskedLM, BertForSequenceClassification,
-        BertForTokenClassification, BertForQuestionAnswering and BertForMultipleChoice checkpoints load into the
-        matching head; a head the checkpoint lacks is newly initialised and reported. `SeqBertForCausalLM` takes
-        `BertLMHeadModel` checkpoints; `SeqBertForConditionalGeneration` a transformers `EncoderDecoderModel`, or one
-        BERT warm-started on both sides (BERT2BERT, Rothe et al. 2020), see docs/seq2seq.md.
+        A BERT checkpoint (a Hub name such as `"bert-base-uncased"`, or a local folder) as this class, post-LN, with
+        BERT's numbers: any BERT head's checkpoint (a head it lacks is newly initialised and reported),
+        `BertLMHeadModel` for the causal LM, an `EncoderDecoderModel` or one BERT on both sides (BERT2BERT, Rothe et
+        al. 2020; docs/seq2seq.md) for seq2seq.
 
         Args:
-            pretrained_model_name_or_path (`str` or `os.PathLike`): Hub model id or local folder of a BERT checkpoint.
-            **kwargs: Hub options (`cache_dir`, `revision`, `token`, ...), loading options (`dtype`, `device_map`,
-                `attn_implementation`, `output_loading_info`, `ignore_mismatched_sizes`), `use_safetensors=False` for
-                pickled weights, `cross_attention_init` (a seq2seq warm start: `"self_attention"`, the default, or
-                `"random"`), and config overrides (`num_labels=2`, `hidden_dropout_prob=0.0`, ...).
-
-        Returns:
-            An instance of `cls` (and the loading-info dict when `output_loading_info=True`).
+            pretrained_model_name_or_path (`str` or `os.PathLike`): Hub model id or local folder.
+            **kwargs: Hub and loading options as `from_pretrained` takes them, `use_safetensors=False` for pickled
+                weights, `cross_attention_init` (a seq2seq warm start: `"self_attention"`, the default, or
+                `"random"`), and config overrides (`num_labels=2`, ...).
 
         Raises:
-            ValueError: not a BERT checkpoint; no weights file (or only pickled ones without `use_safetensors=False`);
-                an override that changes a parameter's shape without `ignore_mismatched_sizes=True`
-                (`MismatchedSizesError`); parameters other than a missing head missing from the checkpoint; a seq2seq
-                warm start without a tokenizer or `decoder_start_token_id=` / `eos_token_id=`; a bad
-                `cross_attention_init`, or one where nothing is warm-started.
-            OSError: the name or folder cannot be resolved; a truncated, corrupt or missing file (named); weights
-                holding NaN, infinite or implausibly large values.
+            ValueError: not a BERT checkpoint; no (safetensors) weights; an override that changes a shape
+                (`MismatchedSizesError`); parameters other than a head missing; a seq2seq warm start without a
+                tokenizer or `decoder_start_token_id=` / `eos_token_id=`; a bad `cross_attention_init`.
+            OSError: the checkpoint cannot be resolved, or a file is damaged (named), or its weights are not finite.
         """
         return from_bert_pretrained(cls, pretrained_model_name_or_path, **kwargs)
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# The encoder model
-# ----------------------------------------------------------------------------------------------------------------------
+# The encoder model ----------------------------------------------------------------------------------------------------
 
 
 @dataclass
 class SeqBertModelOutput(BaseModelOutputWithPooling):
-    """
-    `BaseModelOutputWithPooling`, plus `layer_inputs` (B, num_decoder_layers, L, H) float: the hidden states entering
-    encoder layers `0 .. num_decoder_layers - 1` (zero at padding with sdpa), returned only on a seq2seq config with
-    `cross_attention_source="same_layer"`, where decoder layer `i` cross-attends to `layer_inputs[:, i]`. One tensor
-    (not a tuple) so that `generate` expands it for beams like `last_hidden_state`.
-    """
+    """`BaseModelOutputWithPooling`, plus `layer_inputs` (B, num_decoder_layers, L, H): on a seq2seq config with
+    `cross_attention_source="same_layer"`, the hidden states entering encoder layers `0 .. num_decoder_layers - 1`."""
 
     layer_inputs: torch.FloatTensor | None = None
 
@@ -818,40 +745,20 @@ class SeqBertModel(SeqBertPreTrainedModel):
             self.config, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, value_checks
         )
         reads.checks[:0] = value_checks
-        weights_dtype = self.embeddings.layer_norm.weight.dtype
+        dtype = self.embeddings.layer_norm.weight.dtype
         unpadded, sequence_ids, all_real = plan_layout(
-            self.config,
-            input_ids,
-            inputs_embeds,
-            attention_mask,
-            position_ids,
-            reads,
-            kwargs,
-            self.training,
-            weights_dtype,
+            self.config, input_ids, inputs_embeds, attention_mask, position_ids, reads, kwargs, self.training, dtype
         )
         if all_real and self.config._attn_implementation == "sdpa":
             attention_mask = None  # nothing to mask: no mask to build (transformers would read the host to find out)
         same_layer = self.config.is_encoder_decoder and self.config.cross_attention_source == "same_layer"
         layer_inputs = [] if same_layer else None
         if unpadded is None:
-            embedding_output = self.embeddings(
-                input_ids=input_ids,
-                token_type_ids=token_type_ids,
-                position_ids=position_ids,
-                inputs_embeds=inputs_embeds,
-            )  # (B, L, H)
+            embedding_output = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # (B, L, H)
             # One mask per forward, in the format the attention backend wants (None when nothing is masked); packed
             # rows add a block-diagonal constraint (each token attends within its own sequence).
-            mask = create_bidirectional_mask(
-                **mask_arguments(
-                    create_bidirectional_mask,
-                    embedding_output,
-                    config=self.config,
-                    attention_mask=attention_mask,
-                    and_mask_function=None if sequence_ids is None else packed_sequence_mask_function(sequence_ids),
-                )
-            )
+            packed = None if sequence_ids is None else packed_sequence_mask_function(sequence_ids)
+            mask = bidirectional_mask(self.config, embedding_output, attention_mask, and_mask_function=packed)
             sequence_output = self.encoder(embedding_output, mask, layer_inputs, **kwargs)  # (B, L, H)
             if self.config._attn_implementation == "sdpa" and attention_mask is not None and attention_mask.dim() == 2:
                 # Padding positions hold zeros, as on the unpadded path, so traced and eager runs agree everywhere.
@@ -867,24 +774,13 @@ class SeqBertModel(SeqBertPreTrainedModel):
         return SeqBertModelOutput(last_hidden_state=sequence_output, pooler_output=pooled_output, layer_inputs=stacked)
 
     def _encode_unpadded(
-        self,
-        unpadded: UnpaddedBatch,
-        input_ids: torch.Tensor | None,
-        token_type_ids: torch.Tensor | None,
-        position_ids: torch.Tensor | None,
-        inputs_embeds: torch.Tensor | None,
-        layer_inputs: list | None,
-        **kwargs,
-    ) -> tuple[torch.Tensor, list | None]:
+        self, unpadded, input_ids, token_type_ids, position_ids, inputs_embeds, layer_inputs, **kwargs
+    ):
         """The unpadded path: the T tokens of `unpadded` as (1, T, H) from the embeddings (looked up on BERT's (B, L)
         grid, then gathered) to the last layer, padded back once. Returns `(last_hidden_state (B, L, H), layer_inputs)`,
         zeros at padding."""
         embedding_output = self.embeddings(
-            input_ids=input_ids,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            unpadded=unpadded,
+            input_ids, token_type_ids, position_ids, inputs_embeds, unpadded
         )  # (1, T, H)
         # Variable-length attention reads `unpadded.cu_seqlens`; the attention layout takes a boolean mask.
         mask = None if unpadded.varlen else unpadded.sdpa_mask()
@@ -894,20 +790,15 @@ class SeqBertModel(SeqBertPreTrainedModel):
         return sequence_output, layer_inputs
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# The decoder (used by SeqBertForConditionalGeneration)
-# ----------------------------------------------------------------------------------------------------------------------
+# The decoder (used by SeqBertForConditionalGeneration) ----------------------------------------------------------------
 
 
 class SeqBertDecoder(SeqBertPreTrainedModel):
     """
     A SeqBERT decoder stack: embeddings, causal layers with a key/value cache, a final LayerNorm when pre-LN. With
-    cross-attention (seq2seq): `num_decoder_layers` layers of causal self-attention, cross-attention and
-    feed-forward; without (the causal LM, BERT's `BertLMHeadModel`): `num_hidden_layers` causal encoder layers.
-
-    Args:
-        config (`SeqBertConfig`): model configuration.
-        add_cross_attention (`bool`, defaults to `True`): build cross-attention (seq2seq) or not (causal LM).
+    `add_cross_attention` (seq2seq, the default): `num_decoder_layers` layers of causal self-attention,
+    cross-attention and feed-forward; without (the causal LM, BERT's `BertLMHeadModel`): `num_hidden_layers` causal
+    encoder layers.
     """
 
     _can_record_outputs = {
@@ -1000,37 +891,19 @@ class SeqBertDecoder(SeqBertPreTrainedModel):
             inputs_embeds=inputs_embeds, position_ids=position_ids, token_type_ids=token_type_ids
         )  # (B, L, H)
 
-        self_attention_cache = (
-            past_key_values.self_attention_cache
-            if isinstance(past_key_values, EncoderDecoderCache)
-            else past_key_values
-        )
         # The masks once per forward, in the format of the configured attention backend.
-        attention_mask = create_causal_mask(
-            **mask_arguments(
-                create_causal_mask,
-                hidden_states,
-                past_length,
-                config=self.config,
-                attention_mask=attention_mask,
-                past_key_values=self_attention_cache,
-                position_ids=given_positions,
-                allow_is_causal_skip=causal_skip,
-            )
+        cache = getattr(past_key_values, "self_attention_cache", past_key_values)
+        attention_mask = causal_mask(
+            self.config, hidden_states, past_length, attention_mask, cache, given_positions, causal_skip
         )
         cross_attention_inputs = ()
         per_layer = encoder_hidden_states is not None and encoder_hidden_states.dim() == 4
         if self.add_cross_attention:
-            encoder_attention_mask = create_bidirectional_mask(
-                **mask_arguments(
-                    create_bidirectional_mask,
-                    hidden_states,
-                    config=self.config,
-                    attention_mask=encoder_attention_mask,
-                    encoder_hidden_states=encoder_hidden_states[:, 0] if per_layer else encoder_hidden_states,
-                    allow_is_bidirectional_skip=source_skip,
-                )
-            )
+            source = encoder_hidden_states[:, 0] if per_layer else encoder_hidden_states
+            encoder_attention_mask = bidirectional_mask(
+                self.config, hidden_states, encoder_attention_mask, encoder_hidden_states=source,
+                allow_is_bidirectional_skip=source_skip,
+            )  # fmt: skip
             cross_attention_inputs = (encoder_hidden_states, encoder_attention_mask)
         for i, layer in enumerate(self.layers):
             if per_layer:  # decoder layer i reads the states entering encoder layer i
@@ -1045,9 +918,7 @@ class SeqBertDecoder(SeqBertPreTrainedModel):
         )
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Task heads: encode, head, loss
-# ----------------------------------------------------------------------------------------------------------------------
+# Task heads: encode, head, loss ---------------------------------------------------------------------------------------
 
 
 def _classifier_dropout(config: SeqBertConfig) -> nn.Dropout:
@@ -1098,14 +969,7 @@ class SeqBertForMaskedLM(SeqBertPreTrainedModel):
             labels = check_labels("labels", labels, (*shape, vocab_size), vocab_size, "vocab_size", True, reads.checks)
             reads.count_labelled(labels, sparse or kwargs.get("num_items_in_batch") is None)
         outputs = self.seqbert(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            deferred_reads=reads,
-            return_dict=True,
-            **kwargs,
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, reads, return_dict=True, **kwargs
         )
         hidden_states = outputs.last_hidden_state  # (B, L, H)
         if sparse:
@@ -1160,14 +1024,7 @@ class SeqBertForSequenceClassification(SeqBertPreTrainedModel):
             )
             reads.count_labelled(labels, not labels.is_floating_point() and kwargs.get("num_items_in_batch") is None)
         outputs = self.seqbert(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            deferred_reads=reads,
-            return_dict=True,
-            **kwargs,
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, reads, return_dict=True, **kwargs
         )
         logits = self.classifier(self.dropout(outputs.pooler_output))  # (B, C)
         loss = self.head_loss(logits, labels, reads, **kwargs) if labels is not None else None
@@ -1209,14 +1066,7 @@ class SeqBertForTokenClassification(SeqBertPreTrainedModel):
             labels = check_labels("labels", labels, (*shape, classes), classes, "num_labels", True, reads.checks)
             reads.count_labelled(labels, kwargs.get("num_items_in_batch") is None)
         outputs = self.seqbert(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            deferred_reads=reads,
-            return_dict=True,
-            **kwargs,
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, reads, return_dict=True, **kwargs
         )
         logits = self.classifier(self.dropout(outputs.last_hidden_state))  # (B, L, C)
         loss = self.head_loss(logits, labels, reads, **kwargs) if labels is not None else None
@@ -1266,14 +1116,7 @@ class SeqBertForQuestionAnswering(SeqBertPreTrainedModel):
         if (shape := input_batch_shape(input_ids, inputs_embeds)) is not None:
             check_answer_positions(start_positions, end_positions, shape[0], reads.checks)
         outputs = self.seqbert(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            deferred_reads=reads,
-            return_dict=True,
-            **kwargs,
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, reads, return_dict=True, **kwargs
         )
         logits, span = span_logits(self.qa_outputs(outputs.last_hidden_state), attention_mask, kwargs)  # (B, L, 2)
         start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))  # 2 x (B, L)
@@ -1351,9 +1194,7 @@ class SeqBertForMultipleChoice(SeqBertPreTrainedModel):
         )
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Causal language model (decoder-only)
-# ----------------------------------------------------------------------------------------------------------------------
+# Causal language model (decoder-only) ---------------------------------------------------------------------------------
 
 
 class SeqBertGenerationMixin(GenerationMixin):
@@ -1368,23 +1209,15 @@ class SeqBertGenerationMixin(GenerationMixin):
 
 
 class SeqBertForCausalLM(SeqBertPreTrainedModel, SeqBertGenerationMixin):
-    """
-    Decoder-only SeqBERT (`AutoModelForCausalLM`), BERT's `BertLMHeadModel` as a model of its own: embeddings,
-    `num_hidden_layers` layers of causal self-attention and feed-forward (pre- or post-LN), a key/value cache for
-    `generate`, and BERT's LM head tied to the word embeddings. `from_bert_pretrained` loads `BertLMHeadModel`
-    checkpoints with BERT's numbers.
-    """
+    """Decoder-only SeqBERT (`AutoModelForCausalLM`), BERT's `BertLMHeadModel`: causal layers with a key/value cache
+    and BERT's LM head tied to the word embeddings; `from_bert_pretrained` loads `BertLMHeadModel` checkpoints."""
 
     _tied_weights_keys = {"lm_head.decoder.weight": "seqbert.embeddings.word_embeddings.weight"}
     _bert_conversion_target = "causal"
 
     def __init__(self, config: SeqBertConfig):
         """Raises `ValueError` on a seq2seq config (`is_encoder_decoder`): use `SeqBertForConditionalGeneration`."""
-        if config.is_encoder_decoder:
-            raise ValueError(
-                "SeqBertForCausalLM is decoder-only, but config.is_encoder_decoder is True: use "
-                "SeqBertForConditionalGeneration (AutoModelForSeq2SeqLM) for a seq2seq config"
-            )
+        check_decoder_only(config)
         super().__init__(config)
         self.seqbert = SeqBertDecoder(config, add_cross_attention=False)
         self.lm_head = SeqBertLMHead(config)
@@ -1418,30 +1251,21 @@ class SeqBertForCausalLM(SeqBertPreTrainedModel, SeqBertGenerationMixin):
         **kwargs: Unpack[TransformersKwargs],
     ) -> CausalLMOutputWithCrossAttentions:
         r"""
-        Inputs as in `SeqBertDecoder.forward` (`input_ids` (B, L), `attention_mask` (B, L_past + L), ...), plus:
-            labels (`torch.LongTensor` of shape `(B, L)`, *optional*): the input ids themselves, -100 where no loss is
-                taken; the loss shifts them one step left (next-token prediction), as BERT's `BertLMHeadModel` does.
-            logits_to_keep (`int` or `torch.Tensor`, *optional*): compute logits only for the last `logits_to_keep`
-                positions (0: all), or for these indices; `generate` asks for the last one.
-
-        Returns:
-            `CausalLMOutputWithCrossAttentions`: `logits` (B, L_kept, V), `loss` (float32 scalar mean cross-entropy
-            over predicted positions, or summed / `num_items_in_batch` under Trainer; 0.0 when no position is
-            labelled, e.g. one-token inputs, see `loss_divisor`), `past_key_values`, and on request `hidden_states`
-            and `attentions`.
+        Inputs as in `SeqBertDecoder.forward`, plus `labels` (`torch.LongTensor` of shape `(B, L)`, *optional*): the
+        input ids, -100 where no loss is taken (shifted one step left by the loss, as BERT's), and `logits_to_keep`
+        (`int` or `torch.Tensor`): logits for the last that many positions (0: all), or these indices. Returns
+        `CausalLMOutputWithCrossAttentions`: `logits` (B, L_kept, V), the float32 `loss` with `labels`, the cache.
 
         Raises:
-            TypeError, ValueError: as `SeqBertDecoder.forward`, and for `labels` not integer, not shaped like the
-                inputs or outside `[0, vocab_size)` (-100 takes no loss).
+            TypeError, ValueError: as `SeqBertDecoder.forward`, and for `labels` not integer, shaped unlike the
+                inputs or out of range.
         """
-        reads = DeferredReads()  # the labels are checked in the decoder's one host read, before it runs
-        shape = input_batch_shape(input_ids, inputs_embeds)
+        reads = DeferredReads()  # the labels are checked in the decoder's one host read
         if labels is not None:
             use_cache = False
-            if shape is not None:  # else the decoder's own checks raise, naming the inputs
-                labels = check_labels(
-                    "labels", labels, (*shape, 1), self.config.vocab_size, "vocab_size", True, reads.checks
-                )
+            if (shape := input_batch_shape(input_ids, inputs_embeds)) is not None:
+                vocab_size = self.config.vocab_size
+                labels = check_labels("labels", labels, (*shape, 1), vocab_size, "vocab_size", True, reads.checks)
         outputs = self.seqbert(
             input_ids,
             attention_mask=attention_mask,
@@ -1467,9 +1291,7 @@ class SeqBertForCausalLM(SeqBertPreTrainedModel, SeqBertGenerationMixin):
         )
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Sequence to sequence
-# ----------------------------------------------------------------------------------------------------------------------
+# Sequence to sequence -------------------------------------------------------------------------------------------------
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -1482,40 +1304,28 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
 
 
 def cross_attention_states(config: SeqBertConfig, encoder_outputs) -> torch.Tensor:
-    """What `SeqBertForConditionalGeneration` hands its decoder's cross-attention: the encoder's `last_hidden_state`
-    (B, S, H), or with `cross_attention_source="same_layer"` its `layer_inputs` (B, num_decoder_layers, S, H).
-    Raises `ValueError` when `encoder_outputs` lack `layer_inputs` that the config needs."""
+    """What the decoder's cross-attention reads: the encoder's `last_hidden_state` (B, S, H), or with
+    `cross_attention_source="same_layer"` its `layer_inputs` (B, num_decoder_layers, S, H) (`ValueError` without)."""
     if config.cross_attention_source == "last_layer":
         return encoder_outputs.last_hidden_state
-    layer_inputs = getattr(encoder_outputs, "layer_inputs", None)
-    if layer_inputs is None:
-        raise ValueError(
-            "encoder_outputs has no layer_inputs, but this model's cross_attention_source is 'same_layer': decoder "
-            "layer i reads the input of encoder layer i. Pass the whole output of model.get_encoder()(...) "
-            "(a SeqBertModelOutput), not only its last_hidden_state"
-        )
-    return layer_inputs
+    return check_layer_inputs(getattr(encoder_outputs, "layer_inputs", None))
 
 
 class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, SeqBertGenerationMixin):
     """
-    Encoder-decoder SeqBERT ("Attention Is All You Need" §3.1): `self.seqbert` is the encoder (a `SeqBertModel`
-    without pooler, so `AutoModel` on a seq2seq checkpoint yields it), `self.decoder` the decoder and `self.lm_head`
-    BERT's LM head, tied to the decoder word embeddings. Reads as `decode(encode(src, src_mask), src_mask, tgt)`.
-
-    Generation goes through `GenerationMixin` (greedy, beam search, sampling) with an `EncoderDecoderCache`; the
-    cross-attention keys and values are computed once per generation. `from_bert_pretrained` warm-starts encoder and
-    decoder from one BERT checkpoint (BERT2BERT) or converts a transformers `EncoderDecoderModel` with BERT on both
-    sides exactly.
+    Encoder-decoder SeqBERT ("Attention Is All You Need" §3.1), `decode(encode(src, src_mask), src_mask, tgt)`:
+    `self.seqbert` the encoder (what `AutoModel` loads of a seq2seq checkpoint), `self.decoder`, and BERT's LM head
+    tied to the decoder's word embeddings. `generate` keeps an `EncoderDecoderCache` (cross-attention keys and values
+    computed once). `from_bert_pretrained` warm-starts both sides from one BERT (BERT2BERT) or converts an
+    `EncoderDecoderModel` with BERT on both sides.
     """
 
     _tied_weights_keys = {"lm_head.decoder.weight": "decoder.embeddings.word_embeddings.weight"}
     _bert_conversion_target = "seq2seq"
 
     def __init__(self, config: SeqBertConfig):
-        """Takes any valid `SeqBertConfig`. One built without `is_encoder_decoder=True` (`SeqBertConfig()` or
-        `AutoConfig.for_model("seqbert")` keep its default `False`, which encoders need) is copied with it set: that
-        flag tells `generate` to run the encoder first, and the encoder what to return for cross-attention."""
+        """Takes any valid `SeqBertConfig`; one without `is_encoder_decoder=True` is copied with it set (`generate` reads
+        it)."""
         if not config.is_encoder_decoder:
             config = copy.deepcopy(config)
             config.is_encoder_decoder = True

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import torch
 from transformers.cache_utils import Cache
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions
 
 from .configuration_seqbert import check_transformers_version
@@ -72,4 +73,31 @@ def mask_arguments(function: Callable, inputs_embeds: torch.Tensor, past_length:
     return kwargs
 
 
-__all__ = ["CACHE_NAME", "OutputRecorder", "capture_outputs", "either_cache", "mask_arguments"]
+def bidirectional_mask(config, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs):
+    """`masking_utils.create_bidirectional_mask(config, inputs_embeds, attention_mask, **kwargs)` with the installed
+    transformers' argument names (`mask_arguments`): the mask in the format the configured attention backend takes."""
+    arguments = mask_arguments(
+        create_bidirectional_mask, inputs_embeds, config=config, attention_mask=attention_mask, **kwargs
+    )
+    return create_bidirectional_mask(**arguments)
+
+
+def causal_mask(config, inputs_embeds: torch.Tensor, past_length: int, attention_mask, cache, position_ids, skip: bool):
+    """`masking_utils.create_causal_mask` with the installed transformers' argument names (`mask_arguments`): the
+    self-attention cache `cache`, given `position_ids` (where packed rows are looked for), `allow_is_causal_skip`."""
+    arguments = mask_arguments(
+        create_causal_mask, inputs_embeds, past_length, config=config, attention_mask=attention_mask,
+        past_key_values=cache, position_ids=position_ids, allow_is_causal_skip=skip,
+    )  # fmt: skip
+    return create_causal_mask(**arguments)
+
+
+__all__ = [
+    "CACHE_NAME",
+    "OutputRecorder",
+    "bidirectional_mask",
+    "capture_outputs",
+    "causal_mask",
+    "either_cache",
+    "mask_arguments",
+]
