@@ -379,7 +379,7 @@ def test_scripts_refuse_fsdp_that_accelerate_ignores(tmp_path):
     script = SCRIPT_PATHS["run_classification.py"]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
     command += ["--output_dir", str(tmp_path / "out"), "--max_train_samples", "8", "--max_eval_samples", "8"]
-    command += ["--use_cpu", "--fsdp", "full_shard"]
+    command += ["--use_cpu", "--fsdp"]  # transformers 5's form (`--fsdp full_shard` is deprecated, refused alike)
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode != 0
