@@ -2,10 +2,9 @@
 """What compiling the CUDA-graph route costs on the main job, and after how many steps it pays off: MiniLM-L6
 fine-tuned on Rotten Tomatoes snippets in `seqbert.StaticShapeCollator`'s static batches, compiled three ways (as
 `Trainer` compiles, with static shapes, regionally) against eager, each compilation in a fresh process with a cold and
-then a warm inductor cache. On a busy shared 2-core CPU the `--quick` smoke run of every variant took 7 minutes
-(2026-11-28: 3 shapes; the cold first passes 2.1 minutes `trainer`, 1.3 `static`, 0.4 `regional`); the default run
-(2,000 snippets, about 5 shapes, 20 steps) is not yet measured: extrapolated, 15 to 20 minutes there, most of it
-inductor's C++ code generation and the slow eager and `trainer` steps. On a GPU it is not yet measured.
+then a warm inductor cache. On a quiet 2-core AMD EPYC Zen 5 the run of every variant over the main job's epoch (4
+shapes) with `--steps 10` took 6.5 minutes, twice (2026-11-28; the default 20 steps add about a minute), most of it
+inductor's C++ code generation; docs/benchmarks.md has its figures. On a GPU it is not yet measured.
 
     python scripts/benchmarks/benchmark_compile.py [--output_dir benchmark_compile] [--steps 20]
         [--variants trainer static regional eager] [--max_train_samples 2000] [--device cuda|cpu] [--quick]
