@@ -476,6 +476,21 @@ def _in_range(
         deferred.append(IdsInRange(name, ids, high, high_name, ignore_index))
 
 
+def check_seqbert_config(config) -> None:
+    """
+    A model's `config`, checked as every SeqBERT model's `__init__` checks it: a `SeqBertConfig` (by `model_type`, not
+    `isinstance`: remote-code loading may import the config class from another copy of the module) whose fields are
+    valid now (they may have changed since construction).
+
+    Raises:
+        TypeError: `config` is not a `SeqBertConfig`, or one of its fields has the wrong type.
+        ValueError: a field is out of range.
+    """
+    if getattr(config, "model_type", None) != SeqBertConfig.model_type:
+        raise TypeError(f"config must be a SeqBertConfig, got {type(config).__name__}")
+    config.validate_seqbert_fields()
+
+
 def check_vocabulary_size(config: SeqBertConfig, new_num_tokens, pad_to_multiple_of) -> None:
     """
     The size `resize_token_embeddings(new_num_tokens, pad_to_multiple_of)` asks for, against the config.

@@ -71,6 +71,7 @@ from .input_checks import (
     check_labels,
     check_multiple_choice_inputs,
     check_num_labels,
+    check_seqbert_config,
     check_sequence_classification_labels,
     check_vocabulary_size,
     input_batch_shape,
@@ -568,10 +569,7 @@ class SeqBertPreTrainedModel(PreTrainedModel):
             TypeError: `config` is not a `SeqBertConfig`, or one of its fields has the wrong type.
             ValueError: a field of `config` is out of range (re-checked here: it may have changed since construction).
         """
-        # By model_type, not isinstance: remote-code loading may import the config class from another module copy.
-        if getattr(config, "model_type", None) != SeqBertConfig.model_type:
-            raise TypeError(f"config must be a SeqBertConfig, got {type(config).__name__}")
-        config.validate_seqbert_fields()
+        check_seqbert_config(config)
         super().__init__(config, *inputs, **kwargs)
 
     def __call__(self, *args, **kwargs):
