@@ -33,11 +33,10 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 import torch
-from transformers.masking_utils import create_bidirectional_mask
 
 from ..attention_backends import UnpaddedBatch
 from ..modeling_seqbert import SeqBertLayer
-from ..transformers_compat import mask_arguments
+from ..transformers_compat import bidirectional_mask
 from .capabilities import cgroup_cpu_limit, cpu_class, int8_products_saturate, linear_kernels_available, usable_cpus
 from .length_groups import ATTENTION_MODES, LENGTH_GROUPS, LengthGroups
 from .linear_kernels import PackedLinear
@@ -416,9 +415,7 @@ def measure_plan(
             candidates[f"groups/{name}"] = functools.partial(LengthGroups.for_mode, unpadded, *options)
     else:
         padded = torch.randn(len(lengths), max(lengths), config.hidden_size, generator=generator)  # (S, L_max, H)
-        padded_mask = create_bidirectional_mask(
-            **mask_arguments(create_bidirectional_mask, padded, config=config, attention_mask=mask.long())
-        )
+        padded_mask = bidirectional_mask(config, padded, mask.long())
         candidates = {
             name: functools.partial(optimized, padded.to(compute_dtype), padded_mask)
             for name, optimized in layers.items()
