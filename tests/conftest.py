@@ -311,6 +311,31 @@ def unpadded_layout(model, inputs: dict, **kwargs):
     return layout[0]
 
 
+# What reads a value on the host, or makes a shape of values, in a graph dynamo captured (a sync on a GPU).
+HOST_READS = {"item", "tolist", "nonzero", "unique", "masked_select", "_local_scalar_dense"}
+
+
+class RecordingBackend:
+    """A `torch.compile` backend that keeps every graph dynamo captures and runs it through AOTAutograd
+    (`aot_eager`: forward and backward traced, no code generated: the CPU's stand-in for inductor). Registered under
+    the name "aot_eager" (`mock.patch.dict(torch._dynamo.backends.registry._COMPILER_FNS, {"aot_eager": backend})`),
+    it is what `TrainingArguments(torch_compile_backend="aot_eager")` compiles with (which passes it `mode=`)."""
+
+    def __init__(self):
+        self.graphs = []
+        self.aot_eager = torch._dynamo.lookup_backend("aot_eager")
+
+    def __call__(self, graph_module, example_inputs, **kwargs):
+        self.graphs.append(graph_module)
+        return self.aot_eager(graph_module, example_inputs, **kwargs)
+
+
+def host_reads(graphs) -> list[str]:
+    """The nodes of captured graphs that read values on the host, by name."""
+    names = (getattr(node.target, "__name__", str(node.target)) for graph in graphs for node in graph.graph.nodes)
+    return [name for name in names if name in HOST_READS]
+
+
 def flash_keep_probability(p: float) -> float:
     """The probability that torch's flash-attention kernel keeps an attention weight at dropout `p`: it compares an
     8-bit random number with floor((1 - p) x 255) (flash-attn's `p_dropout_in_uint8_t`, which torch's copy keeps), so

@@ -23,6 +23,7 @@ import evaluate
 import numpy as np
 import pytest
 import torch
+from conftest import RecordingBackend, host_reads
 from transformers import (
     DataCollatorForTokenClassification,
     DataCollatorWithPadding,
@@ -139,26 +140,10 @@ def test_training_is_berts(tokenizer, tmp_path, snippets, accumulation):
 
 
 def _recording_aot_eager():
-    """`aot_eager` (dynamo, then AOTAutograd, no code generated: the CPU's stand-in for inductor) registered under
-    its own name, keeping every graph dynamo hands it: what `TrainingArguments(torch_compile_backend="aot_eager")`
-    compiles with."""
-    registry = torch._dynamo.backends.registry
-    aot_eager = registry.lookup_backend("aot_eager")
-    graphs = []
-
-    def recording(graph_module, example_inputs, **kwargs):
-        graphs.append(graph_module)
-        return aot_eager(graph_module, example_inputs, **kwargs)
-
-    return graphs, mock.patch.dict(registry._COMPILER_FNS, {"aot_eager": recording})
-
-
-HOST_READS = {"item", "tolist", "nonzero", "unique", "masked_select", "_local_scalar_dense"}
-
-
-def _host_reads(graphs) -> list[str]:
-    names = (getattr(node.target, "__name__", str(node.target)) for graph in graphs for node in graph.graph.nodes)
-    return [name for name in names if name in HOST_READS]
+    """A `RecordingBackend` registered as "aot_eager", what `TrainingArguments(torch_compile_backend="aot_eager")`
+    compiles with: `(its graphs, the patch that registers it)`."""
+    backend = RecordingBackend()
+    return backend.graphs, mock.patch.dict(torch._dynamo.backends.registry._COMPILER_FNS, {"aot_eager": backend})
 
 
 COMPILE = dict(torch_compile=True, torch_compile_backend="aot_eager", torch_compile_mode="reduce-overhead")
@@ -178,7 +163,7 @@ def test_compiled_training_is_berts_and_reads_nothing(tokenizer, tmp_path, snipp
     bert.train()
     check_same_training(bert, route)
     assert type(route.model_wrapped).__name__ == "OptimizedModule"
-    assert 1 <= len(graphs) <= 3 and not _host_reads(graphs), (len(graphs), _host_reads(graphs))
+    assert 1 <= len(graphs) <= 3 and not host_reads(graphs), (len(graphs), host_reads(graphs))
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
@@ -194,7 +179,7 @@ def test_evaluate_and_predict_are_berts(tokenizer, tmp_path, snippets, compiled)
         metrics, prediction = route.evaluate(), route.predict(snippets["eval"])
         unlabelled = route.predict([{k: v for k, v in e.items() if k != "label"} for e in snippets["eval"]])
     if compiled:
-        assert type(route.model_wrapped).__name__ == "OptimizedModule" and graphs and not _host_reads(graphs)
+        assert type(route.model_wrapped).__name__ == "OptimizedModule" and graphs and not host_reads(graphs)
     else:
         assert not graphs
     bert_metrics, bert_prediction = bert.evaluate(), bert.predict(snippets["eval"])

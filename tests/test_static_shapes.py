@@ -25,7 +25,7 @@ from unittest import mock
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import RecordingBackend, host_reads, tiny_config
 from transformers import (
     BertForMaskedLM,
     BertForMultipleChoice,
@@ -411,29 +411,6 @@ def test_an_epoch_takes_at_most_the_ladders_shapes(tokenizer, main_job_epoch):
     assert padding < 0.25
 
 
-# What reads a value on the host, or makes a shape of values, in a graph dynamo captured (a sync on a GPU).
-HOST_READS = {"item", "tolist", "nonzero", "unique", "masked_select", "_local_scalar_dense"}
-
-
-class RecordingBackend:
-    """A `torch.compile` backend that keeps every graph dynamo captures and runs it through AOTAutograd
-    (`aot_eager`: forward and backward traced, no code generated)."""
-
-    def __init__(self):
-        self.graphs = []
-        self.aot_eager = torch._dynamo.lookup_backend("aot_eager")
-
-    def __call__(self, graph_module, example_inputs):
-        self.graphs.append(graph_module)
-        return self.aot_eager(graph_module, example_inputs)
-
-
-def host_reads(graph_module) -> list[str]:
-    """The nodes of a captured graph that read values on the host, by name."""
-    names = (getattr(node.target, "__name__", str(node.target)) for node in graph_module.graph.nodes)
-    return [name for name in names if name in HOST_READS]
-
-
 def check_compiled_shapes(batches: list[dict], ladder: list[Bucket], step, backend: RecordingBackend) -> dict[str, int]:
     """Runs `step` (compiled with `backend`) over `batches` and returns dynamo's counters: raises `AssertionError`
     where a batch's shape is not a bucket of `ladder` (it would reach a compiled graph of its own), where the step
@@ -453,7 +430,7 @@ def check_compiled_shapes(batches: list[dict], ladder: list[Bucket], step, backe
     shapes = {_shapes(batch) for batch in batches}
     if first["unique_graphs"] > len(shapes):
         raise AssertionError(f"{first['unique_graphs']} graphs compiled for {len(shapes)} shapes")
-    reads = [read for graph in backend.graphs for read in host_reads(graph)]
+    reads = host_reads(backend.graphs)
     if reads:
         raise AssertionError(f"the captured step reads the host: {reads}")
     return first
