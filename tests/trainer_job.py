@@ -36,6 +36,7 @@ import json
 import os
 import sys
 
+import evaluate
 import torch
 from safetensors.torch import save_file
 from torch.distributed.fsdp import fully_shard
@@ -55,6 +56,7 @@ from transformers import (
 import seqbert
 from seqbert.convert_bert import bert_state_dict_to_seqbert
 from seqbert.data import bible_verse_pairs, load_rotten_tomatoes, minilm_checkpoint_path
+from seqbert.metrics import ACCURACY_PATH
 from seqbert.training import DataCollatorForResumableMasking, SeqBertTrainer
 
 
@@ -280,10 +282,12 @@ def train(run: dict) -> Trainer:
 def predict(trainer: Trainer, examples: list[dict]) -> dict:
     """What `Trainer.evaluate` and `Trainer.predict` (with and without labels) give on `examples`, on this process."""
 
-    def accuracy(prediction) -> dict[str, float]:  # as BERT's users write it: one row per example
-        return {"accuracy": float((prediction.predictions.argmax(-1) == prediction.label_ids).mean())}
+    accuracy = evaluate.load(ACCURACY_PATH)
 
-    trainer.compute_metrics = accuracy
+    def compute_metrics(prediction) -> dict[str, float]:  # as BERT's users write it: one row per example
+        return accuracy.compute(predictions=prediction.predictions.argmax(-1), references=prediction.label_ids)
+
+    trainer.compute_metrics = compute_metrics
     trainer.args.per_device_eval_batch_size = 4
     labelled = trainer.predict(examples)
     unlabelled = trainer.predict([{k: v for k, v in e.items() if k != "labels"} for e in examples])
