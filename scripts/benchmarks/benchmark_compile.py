@@ -90,7 +90,7 @@ from transformers import AutoTokenizer
 
 import seqbert
 from seqbert.data import load_rotten_tomatoes, minilm_checkpoint_path
-from seqbert.script_utils import ScriptInputError, parse_arguments, run_cli, script_parser
+from seqbert.script_utils import ScriptInputError, parse_arguments, run_cli, script_parser, write_json
 
 
 HERE = Path(__file__).resolve().parent
@@ -302,9 +302,9 @@ def run(args: CompileBenchmarkArguments) -> dict:
             )
             results["rows"].append(row)
             add_derived(results["rows"])
-            write_results(output_dir / "benchmark_compile.json", results)
+            write_json(output_dir / "benchmark_compile.json", results)
     results["total_seconds"] = time.perf_counter() - start
-    write_results(output_dir / "benchmark_compile.json", results)
+    write_json(output_dir / "benchmark_compile.json", results)
     print_table(results)
     print(f"\nresults in {output_dir / 'benchmark_compile.json'}")
     return results
@@ -409,7 +409,7 @@ def measure(spec_path: str) -> None:
                 "cuda_graph_recordings_in_steady_steps": steady_recordings.count,
                 "cudagraph_skips": cudagraph_skips,
             }
-    Path(spec["row_path"]).write_text(json.dumps(row, indent=2) + "\n", encoding="utf-8")
+    write_json(spec["row_path"], row)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -446,10 +446,6 @@ def environment(device: str) -> dict:
         "accelerate_version": accelerate.__version__,
         "seqbert_version": seqbert.__version__,
     }
-
-
-def write_results(path: Path, results: dict) -> None:
-    path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
 
 
 def table_line(row: dict) -> str:

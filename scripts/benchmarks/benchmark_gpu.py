@@ -119,7 +119,7 @@ from seqbert.data import (
     minilm_checkpoint_path,
     packaged_path,
 )
-from seqbert.script_utils import ScriptInputError, parse_arguments, run_cli, script_parser
+from seqbert.script_utils import ScriptInputError, parse_arguments, run_cli, script_parser, write_json
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -1007,10 +1007,10 @@ def run(
                 row |= {"job_seconds": time.perf_counter() - job_start, **env}
                 print(row_line(row), flush=True)
             results["rows"] += rows
-            write_results(output_dir / "benchmark_gpu.json", results)
+            write_json(output_dir / "benchmark_gpu.json", results)
 
     results["total_seconds"] = time.perf_counter() - start
-    write_results(output_dir / "benchmark_gpu.json", results)
+    write_json(output_dir / "benchmark_gpu.json", results)
     print_table(results)
     print(f"\nresults in {output_dir / 'benchmark_gpu.json'}")
     save_chart(results, output_dir / "benchmark_gpu.png")
@@ -1020,10 +1020,6 @@ def run(
 # ----------------------------------------------------------------------------------------------------------------------
 # Output
 # ----------------------------------------------------------------------------------------------------------------------
-
-
-def write_results(path: Path, results: dict) -> None:
-    path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
 
 
 # How each measured figure of a contender is shown in the table, in this order.
