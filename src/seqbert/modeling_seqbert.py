@@ -19,7 +19,7 @@ from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationMixin
-from transformers.loss.loss_utils import fixed_cross_entropy
+from transformers.loss.loss_utils import LOSS_MAPPING, fixed_cross_entropy
 from transformers.masking_utils import packed_sequence_mask_function
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -562,6 +562,10 @@ class SeqBertPreTrainedModel(PreTrainedModel):
     # Trainer passes `num_items_in_batch` to the token-level losses, which divide by it (docs/training-at-scale.md);
     # heads whose loss is a mean over their own batch set False.
     accepts_loss_kwargs = True
+    # The loss a head computes, as transformers names it (`LOSS_MAPPING`'s keys; "ForMultipleChoice" is ours): a class
+    # attribute, so a subclass keeps its head's loss whatever it is called (transformers derives `loss_type` from the
+    # class name, which a user's `class Mine(SeqBertForQuestionAnswering)` does not match). None: no loss.
+    head_loss_type: str | None = None
 
     def __init__(self, config: SeqBertConfig, *inputs, **kwargs):
         """
@@ -571,12 +575,17 @@ class SeqBertPreTrainedModel(PreTrainedModel):
         """
         check_seqbert_config(config)
         super().__init__(config, *inputs, **kwargs)
+        if self.head_loss_type is not None:  # `self.loss_function` follows the head, not the class name
+            self.loss_type = self.head_loss_type if self.head_loss_type in LOSS_MAPPING else None
 
     def __call__(self, *args, **kwargs):
-        """`nn.Module.__call__`; under `torch.compile`, a batch beyond `StaticShapeCollator`'s ladder
-        (`static_layout=False`) runs eagerly, outside the compiled graph."""
-        if kwargs.get("static_layout") is False and torch.compiler.is_compiling():
-            return _call_eagerly(self, *args, **kwargs)
+        """`nn.Module.__call__`; compiled (`torch.compile(model)` or `model.compile()`), a batch beyond
+        `StaticShapeCollator`'s ladder (`static_layout=False`) runs eagerly, outside the compiled graph."""
+        if kwargs.get("static_layout") is False:
+            if torch.compiler.is_compiling():
+                return _call_eagerly(self, *args, **kwargs)
+            if getattr(self, "_compiled_call_impl", None) is not None:  # `model.compile()`: its eager call instead
+                return self._call_impl(*args, **kwargs)
         return super().__call__(*args, **kwargs)
 
     def head_loss(self, logits, labels, reads: DeferredReads | None = None, span=None, **kwargs) -> torch.Tensor:
@@ -589,16 +598,17 @@ class SeqBertPreTrainedModel(PreTrainedModel):
         where `reads` did: `DeferredReads.count_labelled`).
         """
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
-        if self.loss_type == "ForQuestionAnswering":
+        kind = self.head_loss_type
+        if kind == "ForQuestionAnswering":
             return span_loss(*logits, *labels, span)
-        counted = kwargs.get("shift_labels", labels[:, 1:]) if self.loss_type == "ForCausalLM" else labels
+        counted = kwargs.get("shift_labels", labels[:, 1:]) if kind == "ForCausalLM" else labels
         labelled = None if reads is None else reads.value(LABELLED)
         divisor = None if labels.is_floating_point() else loss_divisor(counted, num_items_in_batch, labelled=labelled)
-        if self.loss_type == "ForSequenceClassification":
+        if kind == "ForSequenceClassification":
             return self.loss_function(labels, logits.float(), self.config, num_items_in_batch=divisor, **kwargs)
-        if self.loss_type == "ForTokenClassification":
+        if kind == "ForTokenClassification":
             return self.loss_function(logits, labels, self.config, num_items_in_batch=divisor, **kwargs)
-        if self.loss_type in ("ForMaskedLM", "ForCausalLM"):
+        if kind in ("ForMaskedLM", "ForCausalLM"):
             vocab_size = self.config.vocab_size
             return self.loss_function(logits, labels, vocab_size=vocab_size, num_items_in_batch=divisor, **kwargs)
         return fixed_cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), divisor)
@@ -928,6 +938,8 @@ def _classifier_dropout(config: SeqBertConfig) -> nn.Dropout:
 class SeqBertForMaskedLM(SeqBertPreTrainedModel):
     """SeqBERT with BERT's masked-LM head; the decoder weight is tied to the word embeddings."""
 
+    head_loss_type = "ForMaskedLM"
+
     _tied_weights_keys = {"lm_head.decoder.weight": "seqbert.embeddings.word_embeddings.weight"}
 
     def __init__(self, config: SeqBertConfig):
@@ -983,6 +995,8 @@ class SeqBertForSequenceClassification(SeqBertPreTrainedModel):
     """SeqBERT with a linear classifier on the pooled [CLS] state: regression (`num_labels == 1`), single-label or
     multi-label classification, chosen by `config.problem_type` exactly as BERT does."""
 
+    head_loss_type = "ForSequenceClassification"
+
     # The loss is a mean over the batch and ignores num_items_in_batch: let Trainer scale it for accumulation.
     accepts_loss_kwargs = False
 
@@ -1034,6 +1048,8 @@ class SeqBertForSequenceClassification(SeqBertPreTrainedModel):
 class SeqBertForTokenClassification(SeqBertPreTrainedModel):
     """SeqBERT with a linear classifier on every token (NER, POS tagging)."""
 
+    head_loss_type = "ForTokenClassification"
+
     def __init__(self, config: SeqBertConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
@@ -1075,6 +1091,8 @@ class SeqBertForTokenClassification(SeqBertPreTrainedModel):
 
 class SeqBertForQuestionAnswering(SeqBertPreTrainedModel):
     """SeqBERT with BERT's extractive-QA head: a linear layer giving span start and end logits per token."""
+
+    head_loss_type = "ForQuestionAnswering"
 
     accepts_loss_kwargs = False
 
@@ -1132,6 +1150,8 @@ class SeqBertForQuestionAnswering(SeqBertPreTrainedModel):
 
 class SeqBertForMultipleChoice(SeqBertPreTrainedModel):
     """SeqBERT scoring each of `num_choices` candidate sequences with a linear layer on its pooled [CLS] state."""
+
+    head_loss_type = "ForMultipleChoice"
 
     accepts_loss_kwargs = False
 
@@ -1209,6 +1229,8 @@ class SeqBertGenerationMixin(GenerationMixin):
 class SeqBertForCausalLM(SeqBertPreTrainedModel, SeqBertGenerationMixin):
     """Decoder-only SeqBERT (`AutoModelForCausalLM`), BERT's `BertLMHeadModel`: causal layers with a key/value cache
     and BERT's LM head tied to the word embeddings; `from_bert_pretrained` loads `BertLMHeadModel` checkpoints."""
+
+    head_loss_type = "ForCausalLM"
 
     _tied_weights_keys = {"lm_head.decoder.weight": "seqbert.embeddings.word_embeddings.weight"}
     _bert_conversion_target = "causal"
@@ -1317,6 +1339,8 @@ class SeqBertForConditionalGeneration(SeqBertPreTrainedModel, SeqBertGenerationM
     computed once). `from_bert_pretrained` warm-starts both sides from one BERT (BERT2BERT) or converts an
     `EncoderDecoderModel` with BERT on both sides.
     """
+
+    head_loss_type = "ForConditionalGeneration"
 
     _tied_weights_keys = {"lm_head.decoder.weight": "decoder.embeddings.word_embeddings.weight"}
     _bert_conversion_target = "seq2seq"

@@ -397,25 +397,35 @@ def copied_logits(logits, labels):
     when such an output is read afterwards), and `Trainer` keeps each batch's logits as the model returned them until
     it concatenates the next batch's.
 
+    Masked LM with sparse prediction (`logits` (P, V) beside `labels` (B, L)) keeps the first M rows, M the labelled
+    positions: a compiled static batch gives `max_predictions` rows (`labelled_rows`), and the first M line up with
+    `labels[labels != -100]`, as the M rows of any other batch do (one host read per batch, in evaluation only).
+
     Args:
         logits (`torch.Tensor` or a tuple of them): what `Trainer.prediction_step` took from the model's output.
-        labels: the batch's labels (unused).
+        labels (`torch.Tensor`, *optional*): the batch's labels.
 
     Returns:
         The same structure, every tensor copied.
     """
-    return torch.utils._pytree.tree_map(lambda value: value.clone() if torch.is_tensor(value) else value, logits)
+    copied = torch.utils._pytree.tree_map(lambda value: value.clone() if torch.is_tensor(value) else value, logits)
+    sparse = torch.is_tensor(copied) and torch.is_tensor(labels) and copied.dim() == labels.dim() == 2
+    if sparse and copied.shape != labels.shape:  # (P, V) rows of labelled positions beside (B, L) labels
+        return copied[: int((labels != IGNORE_INDEX).sum())]
+    return copied
 
 
 def _config_and_task(model) -> tuple[SeqBertConfig, str]:
-    """The config and the task (`TASKS`) of a SeqBERT model, unwrapped from PEFT, `torch.compile` and DDP wrappers;
-    a bare config is the encoder's."""
+    """The config and the task (`TASKS`) of a SeqBERT model or a subclass of one (by the first SeqBERT class of its
+    MRO, by name, so that a class loaded from a saved folder with `trust_remote_code` counts too), unwrapped from PEFT,
+    `torch.compile` and DDP wrappers; a bare config is the encoder's."""
     if getattr(model, "model_type", None) == SeqBertConfig.model_type:
         return model, "encoder"
     for _ in range(8):
-        name = type(model).__name__
-        if name in TASKS:
-            return model.config, TASKS[name]
+        # By the SeqBERT class the model's class is or derives from: a user's subclass trains on its head's task.
+        task = next((TASKS[cls.__name__] for cls in type(model).__mro__ if cls.__name__ in TASKS), None)
+        if task is not None:
+            return model.config, task
         inner = None
         if hasattr(model, "get_base_model"):
             inner = model.get_base_model()
