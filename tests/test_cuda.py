@@ -482,7 +482,7 @@ def test_compiled_evaluation_in_trainer_keeps_each_batch(bert_folder, tokenizer,
             str(tmp_path / name),
             per_device_eval_batch_size=32,
             report_to="none",
-            **seqbert.static_shapes.TRAINING_ARGUMENTS,
+            **seqbert.static_shapes.training_arguments(),
         )
         trainer = Trainer(model=model, args=args, data_collator=collator, preprocess_logits_for_metrics=preprocess)
         try:

@@ -53,7 +53,7 @@ from transformers import (
 import seqbert
 from seqbert import attention_backends
 from seqbert.attention_backends import UnpaddedBatch
-from seqbert.static_shapes import TRAINING_ARGUMENTS, StaticShapeCollator
+from seqbert.static_shapes import StaticShapeCollator, training_arguments
 from seqbert.transformers_compat import CACHE_NAME
 
 
@@ -727,13 +727,13 @@ def test_trainers_defaults_read_the_host_every_step_and_the_routes_settings_neve
     """`Trainer.train()` over 2 static batches. With its defaults, every step: a blocking host-to-device copy of each
     input tensor (each waits for the GPU to finish what it was given) and 2 reads of the loss
     (`logging_nan_inf_filter`: `torch.isnan(loss) or torch.isinf(loss)`). With the route's settings
-    (`seqbert.static_shapes.TRAINING_ARGUMENTS`: no filter, non-blocking copies; the compile flags need a GPU): none
+    (`seqbert.static_shapes.training_arguments()`: no filter, non-blocking copies; the compile flags need a GPU): none
     in any step, and the loop's own two, once per run (its on-device loss total created, then read at the end). The
     token classifier's `num_items_in_batch` is counted on the device."""
     model_class, config, batches = trainer_batches[name]
     per_step = len([value for value in batches[0].values() if torch.is_tensor(value)]) + 2
     defaults = trainer_syncs(model_class, config, batches)
-    route = {k: v for k, v in TRAINING_ARGUMENTS.items() if not k.startswith("torch_compile")}
+    route = {k: v for k, v in training_arguments().items() if not k.startswith("torch_compile")}
     settings = trainer_syncs(model_class, config, batches, **route)
     once = [("host-to-device copy", "_inner_training_loop"), ("item", "_finalize_training")]
     assert [(sync.kind, sync.where.split()[-1]) for sync in settings] == once, settings

@@ -87,3 +87,25 @@ def test_gradient_accumulation_under_cuda_graphs_is_refused(mode, steps):
             run_classification.check_cuda_graph_accumulation(args)
     else:
         run_classification.check_cuda_graph_accumulation(args)
+
+
+@pytest.mark.parametrize(
+    "given, expected",
+    [
+        ([], (False, True)),
+        (["--logging_nan_inf_filter", "True"], (True, True)),
+        (["--accelerator_config", '{"non_blocking": false}'], (False, False)),
+    ],
+    ids=["defaults", "filter-given", "copies-given"],
+)
+def test_static_shapes_keeps_a_flag_the_user_set(tmp_path, given, expected):
+    """`--static_shapes` turns Trainer's per-step host reads off by default (`training_arguments()` less the compile
+    flags), and a flag given on the command line keeps its value; without `--static_shapes` Trainer's defaults hold."""
+    import run_classification
+
+    def settings(argv):
+        _, _, args, _, _ = run_classification.parse_and_check([*argv, "--output_dir", str(tmp_path)])
+        return args.logging_nan_inf_filter, args.accelerator_config.non_blocking
+
+    assert settings(["--static_shapes", *given]) == expected
+    assert settings([]) == (True, False)  # Trainer's own defaults

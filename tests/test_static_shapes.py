@@ -306,7 +306,8 @@ def test_multiple_choice_is_berts(oracles, tokenizer, features):
 @pytest.mark.parametrize("sparse_prediction", [False, True], ids=["dense", "sparse"])
 def test_masked_lm_is_berts(oracles, tokenizer, features, sparse_prediction):
     """transformers' masking (the collator's `DataCollatorForLanguageModeling`); BERT scores every position, the
-    sparse head the labelled ones only (`max_predictions` rows, the rows beyond the labelled positions ignored)."""
+    sparse head the labelled ones only: eagerly (the layout validated, the labelled positions counted in its read)
+    exactly one row per labelled position, as on any other batch."""
     oracle = oracles("mlm", BertForMaskedLM, seqbert.SeqBertForMaskedLM)
     oracle.model.config.sparse_prediction = sparse_prediction
     torch.manual_seed(4)
@@ -315,9 +316,8 @@ def test_masked_lm_is_berts(oracles, tokenizer, features, sparse_prediction):
     assert 0 < int(labelled.sum()) <= static["max_predictions"]
     output, bert_output, grads, bert_grads = oracle.run(static)
     if sparse_prediction:
-        assert output.logits.shape == (static["max_predictions"], 30522)
-        rows = int(labelled.sum())
-        torch.testing.assert_close(output.logits[:rows], bert_output.logits[labelled], atol=LOGITS_TOLERANCE, rtol=0)
+        assert output.logits.shape == (int(labelled.sum()), 30522)
+        torch.testing.assert_close(output.logits, bert_output.logits[labelled], atol=LOGITS_TOLERANCE, rtol=0)
     else:
         check_on_real_tokens(output.logits, bert_output.logits, static["attention_mask"])
     check_loss(output.loss, bert_output.loss)
@@ -348,17 +348,22 @@ def test_the_collator_leaves_a_model_without_a_problem_type_as_it_was(tokenizer,
     assert model.config.problem_type == "single_label_classification"
 
 
-def test_a_static_batch_reads_nothing_on_the_host(tokenizer, features):
-    """Eagerly too: the forward and backward of a static batch never call `read_on_host` (the checks' one read)."""
+def test_a_static_batch_reads_the_host_once_eagerly_and_not_at_all_unvalidated(tokenizer, features):
+    """Eagerly, the forward and backward of a static batch read the host once (the layout validated with the input
+    checks, `StaticLayoutMatches`); with `validate_static_layout=False` they never call `read_on_host`, as compiled."""
     model = _pair(seqbert.SeqBertForSequenceClassification, _config(num_labels=2))
     batch = StaticShapeCollator(tokenizer, model, max_length=MAX_LENGTH)([{**f, "label": 1} for f in features])
-    with mock.patch.object(input_checks, "read_on_host", side_effect=AssertionError("read")) as read:
-        with (
-            mock.patch.object(decoder_checks, "read_on_host", read),
-            mock.patch.object(attention_backends, "read_on_host", read),
-        ):
-            model(**batch).loss.backward()
-    assert not read.called
+    for validate, reads in ((True, 1), (False, 0)):
+        with mock.patch.object(attention_backends, "read_on_host", wraps=attention_backends.read_on_host) as read:
+            with (
+                mock.patch.object(input_checks, "read_on_host", read),
+                mock.patch.object(decoder_checks, "read_on_host", read),
+            ):
+                model(**batch, validate_static_layout=validate).loss.backward()
+        assert read.call_count == reads
+        if validate:
+            checks = read.call_args.args[0]
+            assert any(isinstance(check, input_checks.StaticLayoutMatches) for check in checks)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -83,6 +83,7 @@ from seqbert.script_utils import (
     setup_logging,
     train_and_save,
 )
+from seqbert.static_shapes import training_arguments
 from seqbert.training import SeqBertTrainer
 
 
@@ -147,7 +148,8 @@ class DataArguments(DataSourceArguments):
         metadata={
             "help": "Batches from seqbert.StaticShapeCollator: a few fixed shapes and no host read in the step, for "
             "CUDA graphs with --torch_compile --torch_compile_mode reduce-overhead (off: dynamic padding). Also turns "
-            "off Trainer's per-step host reads: --logging_nan_inf_filter False and non-blocking input copies."
+            "off Trainer's per-step host reads by default: --logging_nan_inf_filter False and non-blocking input "
+            "copies (--accelerator_config); either flag given explicitly keeps its value."
         },
     )
 
@@ -352,13 +354,14 @@ def parse_and_check(
         SystemExit: argparse rejected a malformed value (status 2, after printing the error).
     """
     model_args, data_args, training_args = parse_arguments(make_parser(), argv)
-    check_distributed_launch(training_args)
     if data_args.static_shapes:
+        # The route's settings (`seqbert.static_shapes.training_arguments()`) other than the compile flags, which stay
+        # the caller's, as defaults: no host read of the loss every step, input copies that do not wait for the GPU.
+        # A flag given on the command line (`--logging_nan_inf_filter True`) or in the JSON file keeps its value.
+        route = {k: v for k, v in training_arguments().items() if not k.startswith("torch_compile")}
+        model_args, data_args, training_args = parse_arguments(make_parser(), argv, defaults=route)
         check_cuda_graph_accumulation(training_args)
-        # The route's settings (`seqbert.static_shapes.TRAINING_ARGUMENTS`) other than the compile flags, which stay
-        # the caller's: no host read of the loss every step, input copies that do not wait for the GPU.
-        training_args.logging_nan_inf_filter = False
-        training_args.accelerator_config.non_blocking = True
+    check_distributed_launch(training_args)
     if model_args.model_name_or_path is None and model_args.config_name is None:
         model_args.model_name_or_path = str(minilm_checkpoint_path())
     argument = "config_name" if model_args.config_name is not None else "model_name_or_path"

@@ -62,6 +62,7 @@ from .input_checks import (
     LABELLED,
     DeferredCheck,
     DeferredReads,
+    StaticLayoutMatches,
     check_static_layout,
     eager_execution,
     packed_sequence_ids,
@@ -599,8 +600,10 @@ def plan_layout(
     mask with padding or packed rows, no per-layer outputs requested), else None: the padded path, which eager
     attention always takes (the reference) and `torch.compile` / `torch.export` trace. The value checks of `reads`
     and the layout are read on the host together, once (`UnpaddedBatch.from_mask`). A static batch
-    (`static_layout=True` in `kwargs`) brings its layout (`from_static_layout`, taken out of `kwargs`) and reads
-    nothing. `sequence_ids` (B, L) number packed sequences for the padded path's block-diagonal mask (None where no
+    (`static_layout=True` in `kwargs`) brings its layout (`from_static_layout`, taken out of `kwargs`); in eager
+    execution the layout is checked against the attention mask (`StaticLayoutMatches`) in one host read with the
+    checks and scalars of `reads`, unless `validate_static_layout=False` is given; under `torch.compile`, tracing or
+    CUDA graph capture it reads nothing (the collator computed it and checked the values on the CPU). `sequence_ids` (B, L) number packed sequences for the padded path's block-diagonal mask (None where no
     row is packed); `all_real`: every position is a real token of an unpacked row (the padded path needs no mask).
 
     Args:
@@ -614,13 +617,22 @@ def plan_layout(
 
     Raises:
         TypeError, ValueError: a check of `reads` fails, or a static batch's layout is incomplete
-            (`check_static_layout`).
+            (`check_static_layout`) or, validated, not the attention mask's (`StaticLayoutMatches`: the field and
+            its values named).
     """
     static = None
+    validate = kwargs.pop("validate_static_layout", True)
     if kwargs.pop("static_layout", None):
         indices, cu_seqlens, max_seqlen = check_static_layout(kwargs)
         reference = input_ids if input_ids is not None else inputs_embeds
         static = UnpaddedBatch.from_static_layout(indices, cu_seqlens, max_seqlen, tuple(reference.shape[:2]))
+        reads.values = None  # nothing is read (its collator checked the values), unless validated below
+        if validate and eager_execution():
+            mask = attention_mask
+            if mask is None:
+                mask = torch.ones(static.input_shape, dtype=torch.bool, device=indices.device)
+            layout_check = StaticLayoutMatches(mask, indices, cu_seqlens, max_seqlen)
+            reads.values = read_on_host([*reads.checks, layout_check], reads.scalars)
     eligible = config._attn_implementation == "sdpa" and (static is not None or eager_execution())
     eligible = eligible and (attention_mask is None or attention_mask.dim() == 2)
     eligible = eligible and not any(
@@ -628,7 +640,6 @@ def plan_layout(
     )
     layout = functools.partial(attention_layout, config=config, training=training, dtype=dtype)
     if static is not None:
-        reads.values = None  # nothing is read: its collator checked the values
         return (layout(static), None, False) if eligible else (None, None, False)  # else: the padded path
     if not eligible:
         reads.values = read_on_host(reads.checks, reads.scalars) if eager_execution() else None
@@ -670,11 +681,14 @@ def labelled_rows(
     """
     The hidden states (B, L, H) and labels (B, L) of the labelled positions, `(rows (M, H), labels (M,))` in
     row-major order, by a gather of fixed size: M read with the encoder's one read (`DeferredReads.count_labelled`), or a
-    static batch's `max_predictions` (an int >= M given with the batch, taken out of `kwargs`; its rows beyond M hold
-    position 0's state and ignored labels); traced, by boolean indexing.
+    static batch's `max_predictions` (an int >= M given with the batch, taken out of `kwargs`). A static batch gives M
+    rows, as any other batch, where its layout was validated (eager execution: M is read with the layout, and checked
+    against `max_predictions`); where nothing was read (compiled, CUDA graphs, `validate_static_layout=False`) it gives
+    `max_predictions` rows, the first M those of the labelled positions, the rest position 0's state with ignored
+    labels (`static_shapes.copied_logits` keeps the first M for `Trainer`'s metrics); traced, by boolean indexing.
 
     Raises:
-        ValueError: a static batch without an int `max_predictions`.
+        ValueError: a static batch without an int `max_predictions`, or, validated, with fewer than M.
     """
     hidden_states, labels = hidden_states.flatten(0, 1), labels.reshape(-1)  # (B * L, H), (B * L,)
     labelled = labels != IGNORE_INDEX
@@ -685,6 +699,14 @@ def labelled_rows(
                 "a static batch (static_layout=True) for a sparse_prediction model needs max_predictions, an int "
                 f"bound on the labelled positions (StaticShapeCollator adds it); got {bound!r}"
             )
+        count = reads.value(LABELLED)
+        if count is not None and count > bound:
+            raise ValueError(
+                f"max_predictions ({bound}) is below the static batch's {count} labelled positions (labels != "
+                f"{IGNORE_INDEX}): their loss terms would be dropped; max_predictions must be at least {count}"
+            )
+        if count is not None:  # validated: exactly the labelled rows, as any other batch
+            bound = count
         positions = torch.nonzero_static(labelled, size=bound, fill_value=0).squeeze(1)  # (max_predictions,)
         beyond = torch.arange(bound, device=positions.device) >= labelled.sum()
         return hidden_states.index_select(0, positions), labels.index_select(0, positions).masked_fill(

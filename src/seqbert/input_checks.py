@@ -461,6 +461,83 @@ def check_static_layout(kwargs: dict) -> tuple[torch.Tensor, torch.Tensor, int]:
     return indices, cu_seqlens, max_seqlen
 
 
+@dataclass(frozen=True)
+class StaticLayoutMatches(DeferredCheck):
+    """
+    A static batch's layout is the one `StaticShapeCollator` computes from its attention mask (`static_layout`): the
+    rows are right-padded (a real token never follows padding: the pooler reads column 0, and question answering's
+    span ends at the longest row); `indices` lists the real tokens' flat positions in order, then B x L for each
+    filler token; `cu_seqlens` runs from 0 to T, never decreasing, its first B sequences the rows' lengths; and
+    `max_seqlen` is at least the longest sequence (a smaller bound truncates it in the variable-length kernel).
+    Deferred, so that it joins the encoder's one host read (`validate_static_layout`, on in eager execution).
+    """
+
+    attention_mask: torch.Tensor  # (B, L), 1 or True at a real token
+    indices: torch.Tensor  # (T,) int64
+    cu_seqlens: torch.Tensor  # (S + 1,) int32
+    max_seqlen: int
+
+    def conditions(self) -> dict[str, torch.Tensor]:
+        """Each field's condition, a 0-dim boolean tensor, by the field's name."""
+        mask = self.attention_mask != 0  # (B, L)
+        batch_size, seq_len = mask.shape
+        grid = batch_size * seq_len
+        lengths = mask.sum(1)  # (B,)
+        real = lengths.sum()
+        indices, offsets = self.indices, self.cu_seqlens.long()
+        slot = torch.arange(indices.numel(), device=indices.device)
+        points_at_real = (indices >= 0) & (indices < grid) & mask.reshape(-1)[indices.clamp(0, grid - 1)]
+        rising = torch.nn.functional.pad(indices.diff() > 0, (1, 0), value=True)
+        listed = torch.where(slot < real, points_at_real & rising, indices == grid)
+        sizes = offsets.diff()  # (S,)
+        rows = sizes[:batch_size]
+        return {
+            "attention_mask": ~(mask[:, 1:] & ~mask[:, :-1]).any(),
+            "indices": (real <= indices.numel()) & listed.all(),
+            "cu_seqlens": (offsets[0] == 0)
+            & (offsets[-1] == indices.numel())
+            & (sizes >= 0).all()
+            & (rows.numel() == batch_size)
+            & (rows == lengths[: rows.numel()]).all(),
+            "max_seqlen": sizes.max() <= self.max_seqlen,
+        }
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return tuple(self.conditions().values())
+
+    def passes(self, values: list[int]) -> bool:
+        return all(values)
+
+    def raise_error(self) -> None:
+        failed = next(name for name, holds in self.conditions().items() if not holds)
+        mask = self.attention_mask != 0
+        lengths = mask.sum(1).tolist()
+        how = "(validate_static_layout=False skips this check)"
+        if failed == "attention_mask":
+            row = int((mask[:, 1:] & ~mask[:, :-1]).any(1).nonzero()[0])
+            raise ValueError(
+                f"attention_mask of a static batch (static_layout=True) has a real token after padding in row {row}: "
+                "a static batch is right-padded (StaticShapeCollator pads on the right whatever the tokenizer's "
+                f"padding_side) {how}"
+            )
+        if failed == "indices":
+            raise ValueError(
+                f"indices ({self.indices.numel()} entries) do not list the attention mask's {sum(lengths)} real "
+                f"tokens' flat positions in order followed by {mask.numel()} (B x L) for each filler token "
+                f"{how}; got {self.indices.tolist()[:16]}{' ...' if self.indices.numel() > 16 else ''}"
+            )
+        if failed == "cu_seqlens":
+            raise ValueError(
+                f"cu_seqlens {self.cu_seqlens.tolist()} must run from 0 to the layout's {self.indices.numel()} tokens, "
+                f"never decreasing, its first {len(lengths)} sequences the rows' lengths {lengths} {how}"
+            )
+        longest = int(self.cu_seqlens.long().diff().max())
+        raise ValueError(
+            f"max_seqlen ({self.max_seqlen}) is below the layout's longest sequence ({longest}): attention would "
+            f"truncate it; max_seqlen must be at least {longest} {how}"
+        )
+
+
 def _in_range(
     deferred: list[DeferredCheck] | None,
     name: str,

@@ -735,7 +735,9 @@ class SeqBertModel(SeqBertPreTrainedModel):
             deferred_reads (`DeferredReads`, *optional*): a head's checks and scalars, read in the encoder's one
                 host read.
             static_layout (`bool`, *optional*): `StaticShapeCollator`'s batches: True with their layout (`indices`,
-                `cu_seqlens`, `max_seqlen`, checked on the CPU; nothing is read on the host), False beyond its ladder.
+                `cu_seqlens`, `max_seqlen`, computed on the CPU), False beyond its ladder. In eager execution the
+                layout is checked against `attention_mask` in the one host read; compiled, nothing is read.
+            validate_static_layout (`bool`, *optional*): False skips that check in eager execution too.
 
         Returns:
             `SeqBertModelOutput`: `last_hidden_state` (B, L, H), zero at padding with sdpa (BERT's values with eager
@@ -745,7 +747,8 @@ class SeqBertModel(SeqBertPreTrainedModel):
         Raises:
             TypeError, ValueError: arguments of the wrong type or shape, both or neither of `input_ids` and
                 `inputs_embeds`, ids outside the vocabulary or segment range, positions beyond learned ones,
-                `cu_seq_lens_q` that does not cover the batch (values are not checked while traced).
+                `cu_seq_lens_q` that does not cover the batch, a static batch's layout unlike its attention mask
+                (values are not checked while traced).
         """
         reads = DeferredReads() if deferred_reads is None else deferred_reads  # one host read: checks and layout
         value_checks = []
@@ -970,7 +973,7 @@ class SeqBertForMaskedLM(SeqBertPreTrainedModel):
         ids in `[0, vocab_size)`, -100 where no loss is taken. Returns `MaskedLMOutput` with `logits` (B, L, V) and the
         cross-entropy `loss` (float32) when `labels` are given. With `config.sparse_prediction` and `labels`, only the M
         labelled positions reach the vocabulary projection: `logits` are (M, V) in row-major order
-        (`labelled_rows`; a static batch's `max_predictions` rows, those beyond M ignored).
+        (`labelled_rows`; compiled, a static batch gives its `max_predictions` rows, those beyond M ignored).
         """
         reads = DeferredReads()  # the labels are checked in the encoder's one host read
         sparse = labels is not None and self.config.sparse_prediction

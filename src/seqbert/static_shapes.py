@@ -24,7 +24,19 @@ repeated) up to the bucket's S; and `max_seqlen`, the bucket's `max_length` (a b
 `static_layout=True` tells the model that all of it holds and was checked. The model computes on the T tokens of the
 layout and pads its outputs back to (B, L) once: every head answers as on the padded batch, and filler takes part in
 no output and no loss. Masked LM with sparse prediction gathers `max_predictions` rows (a bound on the labelled
-positions, given with the batch).
+positions, given with the batch) where the model is compiled, and exactly the labelled rows eagerly (see below).
+
+**Checked, not trusted.** Run eagerly, the model checks a static batch's layout against its attention mask in its one
+host read (`StaticLayoutMatches`: right padding, `indices`, `cu_seqlens`, `max_seqlen` at least the longest sequence,
+`max_predictions` at least the labelled positions), and names the field and the values where a hand-built batch is
+wrong; `validate_static_layout=False` skips that. Compiled (CUDA graphs), it reads nothing: the collator computed the
+layout. So a compiled masked LM with sparse prediction returns `max_predictions` rows, the first M those of the
+labelled positions, and `copied_logits` (which `Trainer` needs there anyway) keeps those M for the metrics, which
+then line up with `labels[labels != -100]` as on any other batch; eagerly the model returns the M rows itself.
+
+**Padding side.** A static batch is right-padded (the pooler reads column 0, and question answering's span ends at the
+longest row): the collator pads on the right whatever the tokenizer's `padding_side` (it pads with a right-padding
+copy of a left-padding tokenizer), and refuses examples that come padded on the left, in one line.
 
 **The ladder.** A bucket is chosen for each batch as the smallest that holds it. Its sizes trade memory and filler
 against the number of graphs: each distinct shape is one more compilation and one more recorded CUDA graph (capture
@@ -45,6 +57,7 @@ once.
 Not copied into saved model folders (the model needs none of it): it depends on transformers' collators.
 """
 
+import copy
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -82,19 +95,38 @@ TASKS = {
 TOKEN_MULTIPLE = 64
 FIRST_SEQUENCES = 8
 
-# What the route asks of `TrainingArguments`, besides `data_collator=StaticShapeCollator(...)`: CUDA graphs through the
-# compile flags, and none of the host syncs `Trainer` itself adds to every step (counted by the CUDA dry run on
-# transformers 5.24: 2 reads of the loss, `torch.isnan(loss) or torch.isinf(loss)`, under `logging_nan_inf_filter`;
-# one blocking copy per input tensor, which waits for the GPU to finish the step before, unless accelerate copies
-# without blocking, from the pinned memory `Trainer`'s data loader uses by default). A logging step still reads the
-# loss once (`logging_steps`). `Trainer` also needs `preprocess_logits_for_metrics=copied_logits` where it evaluates a
-# compiled model (`evaluate` or `predict` before `train`: during training it evaluates the model uncompiled).
-TRAINING_ARGUMENTS = {
-    "torch_compile": True,
-    "torch_compile_mode": "reduce-overhead",
-    "logging_nan_inf_filter": False,
-    "accelerator_config": {"non_blocking": True},
-}
+
+def training_arguments() -> dict:
+    """
+    What the route asks of `TrainingArguments`, besides `data_collator=StaticShapeCollator(...)`, as a new dict on
+    every call (nothing shared that one caller could change for another): `TrainingArguments(out,
+    **training_arguments(), ...)`.
+
+    CUDA graphs through the compile flags, and none of the host syncs `Trainer` itself adds to every step (counted by
+    the CUDA dry run on transformers 5.24: 2 reads of the loss, `torch.isnan(loss) or torch.isinf(loss)`, under
+    `logging_nan_inf_filter`; one blocking copy per input tensor, which waits for the GPU to finish the step before,
+    unless accelerate copies without blocking, from the pinned memory `Trainer`'s data loader uses by default). A
+    logging step still reads the loss once (`logging_steps`). `Trainer` also needs
+    `preprocess_logits_for_metrics=copied_logits` where it evaluates a compiled model (`evaluate` or `predict` before
+    `train`: during training it evaluates the model uncompiled).
+
+    Returns:
+        `dict`: `torch_compile=True`, `torch_compile_mode="reduce-overhead"`, `logging_nan_inf_filter=False`,
+        `accelerator_config={"non_blocking": True}`.
+    """
+    return {
+        "torch_compile": True,
+        "torch_compile_mode": "reduce-overhead",
+        "logging_nan_inf_filter": False,
+        "accelerator_config": {"non_blocking": True},
+    }
+
+
+def __getattr__(name: str):
+    """`TRAINING_ARGUMENTS`, the name of earlier releases: `training_arguments()`, a new dict on every access."""
+    if name == "TRAINING_ARGUMENTS":
+        return training_arguments()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -143,6 +175,8 @@ class StaticShapeCollator:
 
     Args:
         tokenizer (`PreTrainedTokenizerBase`): the examples' tokenizer (its pad id pads; masked LM masks with it).
+            The batches are padded on the right whatever its `padding_side` (a left-padding tokenizer is copied with
+            `padding_side="right"`; the one given is left as it was).
         model (`SeqBertPreTrainedModel` or `SeqBertConfig`): the model the batches are for (a PEFT or compiled wrapper
             of one is fine): its class decides the task's collator, its config bounds the values checked. It is read,
             never changed. A config alone lays out no labels (an encoder's inputs).
@@ -168,8 +202,8 @@ class StaticShapeCollator:
         ValueError: `max_length` < 1 or beyond `max_position_embeddings` (learned positions), `batch_size` < 1,
             `growth` <= 1, `mlm_probability` outside (0, 1], `prediction_headroom` < 1.
     Raises (on a call): the errors the model's forward would raise for the same values (ids outside the vocabulary,
-        labels outside `num_labels`, ...), named as the forward names them; `ValueError` for an empty batch or an
-        example without a real token.
+        labels outside `num_labels`, ...), named as the forward names them; `ValueError` for an empty batch, an
+        example without a real token, or an example that came padded on the left.
     """
 
     def __init__(
@@ -182,6 +216,11 @@ class StaticShapeCollator:
         mlm_probability: float = 0.15,
         prediction_headroom: float = 1.5,
     ):
+        if getattr(tokenizer, "padding_side", "right") != "right":
+            # A static batch is right-padded (the pooler reads column 0, a span ends at the longest row): a copy of
+            # the tokenizer pads the examples on the right for the task's collator; the caller's is left as it was.
+            tokenizer = copy.copy(tokenizer)
+            tokenizer.padding_side = "right"
         self.tokenizer = tokenizer
         self.config, self.task = _config_and_task(model)
         limit = self.config.max_position_embeddings
@@ -280,6 +319,7 @@ class StaticShapeCollator:
         if "attention_mask" not in batch:  # a tokenizer without attention masks: every id is a token
             batch["attention_mask"] = torch.ones_like(batch["input_ids"])
         mask = batch["attention_mask"].reshape(-1, self.max_length)  # (B * num_choices, L)
+        _check_right_padded(mask, group)
         lengths = mask.count_nonzero(dim=1).tolist()
         if min(lengths) == 0:
             raise ValueError("StaticShapeCollator received an example without tokens (no real token in input_ids)")
@@ -340,6 +380,18 @@ class StaticShapeCollator:
                 stacklevel=2,
             )
         return {**self._collator()(features), "static_layout": False}
+
+
+def _check_right_padded(mask: torch.Tensor, group: int) -> None:
+    """Raise where an example came padded on the left (a real token after padding in its attention mask)."""
+    after_padding = (mask[:, 1:] > mask[:, :-1]).any(1)  # (R,)
+    if after_padding.any():
+        example = int(after_padding.nonzero()[0]) // group
+        raise ValueError(
+            f"StaticShapeCollator received example {example} padded on the left (its attention_mask has a real token "
+            "after padding): a static batch is right-padded, and the collator pads on the right itself whatever the "
+            "tokenizer's padding_side; tokenize without padding, or with padding_side='right'"
+        )
 
 
 class _MaskedLanguageModeling:
@@ -442,4 +494,11 @@ def _config_and_task(model) -> tuple[SeqBertConfig, str]:
     )
 
 
-__all__ = ["TRAINING_ARGUMENTS", "Bucket", "StaticShapeCollator", "copied_logits", "static_layout", "token_ladder"]
+__all__ = [
+    "Bucket",
+    "StaticShapeCollator",
+    "copied_logits",
+    "static_layout",
+    "token_ladder",
+    "training_arguments",
+]
