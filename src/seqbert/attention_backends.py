@@ -603,8 +603,9 @@ def plan_layout(
     (`static_layout=True` in `kwargs`) brings its layout (`from_static_layout`, taken out of `kwargs`); in eager
     execution the layout is checked against the attention mask (`StaticLayoutMatches`) in one host read with the
     checks and scalars of `reads`, unless `validate_static_layout=False` is given; under `torch.compile`, tracing or
-    CUDA graph capture it reads nothing (the collator computed it and checked the values on the CPU). `sequence_ids` (B, L) number packed sequences for the padded path's block-diagonal mask (None where no
-    row is packed); `all_real`: every position is a real token of an unpacked row (the padded path needs no mask).
+    CUDA graph capture it reads nothing (the collator computed it and checked the values on the CPU). `sequence_ids`
+    (B, L) number packed sequences for the padded path's block-diagonal mask (None where no row is packed);
+    `all_real`: every position is a real token of an unpacked row (the padded path needs no mask).
 
     Args:
         config: the model's `SeqBertConfig` (attention implementation, per-layer outputs, dropout, head size).

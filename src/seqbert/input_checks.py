@@ -427,7 +427,7 @@ def check_static_layout(kwargs: dict) -> tuple[torch.Tensor, torch.Tensor, int]:
     (B, L), plus `indices` (T,) int64, the flat position `b * L + l` of each token of the layout, B x L for a filler
     token; `cu_seqlens` (S + 1,) int32 offsets from 0 to T; `max_seqlen`, an int bound on the longest sequence),
     taken out of `kwargs` and checked by type and shape only: the collator computed and checked the values on the
-    CPU, and the forward reads nothing on the host.
+    CPU. Eagerly, `plan_layout` also checks the values against the attention mask (`StaticLayoutMatches`).
 
     Returns:
         `(indices, cu_seqlens, max_seqlen)`.
