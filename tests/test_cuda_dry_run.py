@@ -550,10 +550,13 @@ STATIC_HEADS = {
 }
 
 
-def _static_batch(tokenizer, rt_texts, name: str, config) -> dict:
+def _static_batch(tokenizer, rt_texts, name: str, config, validate: bool = False) -> dict:
+    """The collator's batch, as the compiled step under CUDA graphs runs it: the layout's eager validation off (under
+    `torch.compile` nothing is read; `validate_static_layout=False` is the same eagerly)."""
     torch.manual_seed(0)  # masked LM's masking
     collator = StaticShapeCollator(tokenizer, STATIC_HEADS[name](config), max_length=64)
-    return collator(_static_examples(tokenizer, rt_texts, name))
+    batch = collator(_static_examples(tokenizer, rt_texts, name))
+    return batch if validate else {**batch, "validate_static_layout": False}
 
 
 @pytest.mark.parametrize("name", list(STATIC_HEADS))
@@ -600,6 +603,16 @@ def test_a_static_batch_whose_bound_is_below_a_sequence_fails(static_step):
     wrong = {**batch, "max_seqlen": longest - 1}
     with pytest.raises(fake_cuda.LayoutMismatch, match=f"the batch holds a sequence of {longest} tokens"):
         step(wrong)
+
+
+def test_an_eager_static_step_reads_the_host_once_to_validate_its_layout(tokenizer, rt_texts):
+    """Eagerly, with its validation on (the default), a static step reads the host once: the layout checked against
+    the attention mask with the input checks; a wrong `max_seqlen` then stops there, named, before any kernel."""
+    config = tiny_config(num_labels=3)
+    batch = _static_batch(tokenizer, rt_texts, "sequence", config, validate=True)
+    dry_run(STATIC_HEADS["sequence"], config, batch, host_syncs=1)
+    with pytest.raises(ValueError, match=r"max_seqlen \(8\) is below the layout's longest sequence"):
+        dry_run(STATIC_HEADS["sequence"], config, {**batch, "max_seqlen": 8}, host_syncs=1)
 
 
 def test_a_host_read_in_a_static_step_fails(static_step, monkeypatch):
@@ -718,7 +731,8 @@ def trainer_batches(tokenizer, rt_texts) -> dict[str, tuple]:
             else {**e, "labels": torch.randint(0, 2, (len(e["input_ids"]),), generator=generator).tolist()}
             for i, e in enumerate(examples)
         ]
-        runs[name] = (model_class, config, [collator(examples)] * 2)
+        batch = {**collator(examples), "validate_static_layout": False}  # as compiled: nothing read (see above)
+        runs[name] = (model_class, config, [batch] * 2)
     return runs
 
 
