@@ -541,3 +541,37 @@ def test_an_explicit_bf16_flag_wins_without_timing(flag, tmp_path, monkeypatch):
     assert record.bf16 is (flag == "True") and record.reason == f"--bf16 {flag} given"
     without_flag = run_mlm.training_precision(defaults, None, [{}], None, BLOCK, str(checkpoint))
     assert without_flag.bf16 is (flag != "True")
+
+
+def test_a_seeded_run_repeats_its_trained_tokenizer_and_losses(mlm_run, tmp_path):
+    """The same command twice (same seed, precision and datasets cache): the same trained WordPiece vocabulary, byte
+    for byte, and the same losses. `tokenizers`' trainer alone numbers tokens differently at every training
+    (huggingface/tokenizers#1794), so the first run keeps its vocabulary in the datasets cache and the second reads it.
+    """
+    corpus = bible_corpus(mlm_run, tmp_path)
+
+    def run(name: str) -> tuple[Path, dict]:
+        output_dir = tmp_path / name
+        metrics = run_mlm.main(
+            [
+                "--train_file", str(corpus), "--validation_split_percentage", "10", "--config_overrides", TINY_OVERRIDES,
+                "--tokenizer_vocab_size", "500", "--max_seq_length", str(BLOCK), "--max_steps", "3", "--logging_steps",
+                "1", "--eval_strategy", "no", "--bf16", "False", "--output_dir", str(output_dir),
+                "--cache_dir", str(tmp_path / "cache"),
+            ]
+        )  # fmt: skip
+        return output_dir, metrics
+
+    (first, first_metrics), (second, second_metrics) = run("first"), run("second")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+    assert len(AutoTokenizer.from_pretrained(second)) == 500
+
+    def losses(output_dir: Path) -> list[float]:
+        history = json.loads((output_dir / "trainer_state.json").read_text())["log_history"]
+        return [entry["loss"] for entry in history if "loss" in entry]
+
+    assert len(losses(first)) == 3 and losses(first) == losses(second)
+    for name in ("train_loss", "eval_loss", "eval_unigram_perplexity"):
+        assert first_metrics[name] == second_metrics[name], name
+    assert len(list((tmp_path / "cache" / run_mlm.TRAINED_TOKENIZERS_FOLDER).iterdir())) == 1

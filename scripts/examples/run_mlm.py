@@ -43,6 +43,15 @@ without padding (`DataCollatorWithFlattening`: positions restart at each text, a
 
     python scripts/examples/run_mlm.py --padding_free --output_dir runs/mlm_bible_packed
 
+A seeded run repeats: the same command on the same machine, with the same `--seed` (42 by default) and precision
+(give `--bf16 True` or `--bf16 False`; the default is timed at start and may choose differently), trains the same
+vocabulary, byte for byte, and logs the same losses. `tokenizers`' trainer alone does not repeat a vocabulary (it
+numbers tokens in the order of a randomly seeded hash, huggingface/tokenizers#1794: 287 of the default 8,192 ids
+differed between two trainings on the Bible text), so the vocabulary trained on a text is kept in the datasets cache
+(`<cache_dir>/seqbert_trained_tokenizers/`, 188 KB) and later runs on the same text read it back, 0.07 s instead of
+1.3 s of training on a 2-core Zen 5, and find their tokenized blocks cached too. A fresh cache (another machine,
+`--overwrite_cache`) trains anew; `--tokenizer_name` of a finished run's folder reuses that run's vocabulary anywhere.
+
 `DataCollatorForLanguageModeling` picks 30 % of the non-special tokens of each batch (`--mlm_probability`; BERT's is
 15 %) and replaces 80 % of those by `[MASK]`, 10 % by a random token and leaves 10 % unchanged; the loss is taken on
 the picked tokens only.
@@ -78,16 +87,23 @@ import itertools
 import logging
 import math
 import os
+import shutil
+import tempfile
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import datasets
 import evaluate
 import numpy as np
+import tokenizers
 import torch
 import transformers
 from accelerate.utils import broadcast_object_list
+from datasets.fingerprint import Hasher
 from transformers import (
     AutoModelForMaskedLM,
+    AutoTokenizer,
     EvalPrediction,
     HfArgumentParser,
     PretrainedConfig,
@@ -149,6 +165,10 @@ logger = logging.getLogger(__name__)
 
 # The WordPiece vocabulary a new model trains on its corpus unless told otherwise (`--tokenizer_vocab_size`).
 DEFAULT_VOCAB_SIZE = 8192
+
+# Where trained vocabularies are kept, under the datasets cache (`--cache_dir`), one folder per training text, base
+# tokenizer, size and `tokenizers` version, so that the same command trains the same tokenizer (`train_tokenizer`).
+TRAINED_TOKENIZERS_FOLDER = "seqbert_trained_tokenizers"
 
 # Whether this machine has an accelerator (a GPU): without one the run trains on the CPU (`--use_cpu`, which
 # transformers requires for bf16 there).
@@ -231,7 +251,8 @@ class ModelArguments:
             "pre-tokenization and special tokens); it is saved with the model. Default: 8,192 from scratch with the "
             "default tokenizer (on the Bible text it learns as much per step as BERT's 30,522 and the same ratio to "
             "the unigram baseline, with a smaller embedding); keep the tokenizer's vocabulary when tokenizer_name or "
-            "model_name_or_path is given."
+            "model_name_or_path is given. The trained vocabulary is kept in the datasets cache and read back by later "
+            "runs on the same text, so that the same command gets the same tokenizer (overwrite_cache trains anew)."
         },
     )
     sparse_prediction: bool = field(
@@ -315,7 +336,9 @@ class DataArguments(DataSourceArguments):
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep only the first N training blocks."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Keep only the first N validation blocks."})
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenization."})
-    overwrite_cache: bool = field(default=False, metadata={"help": "Tokenize again instead of reading the cache."})
+    overwrite_cache: bool = field(
+        default=False, metadata={"help": "Tokenize (and train the vocabulary) again instead of reading the cache."}
+    )
 
     FILE_EXTENSIONS = ("txt", *DATA_FILE_EXTENSIONS)
 
@@ -496,15 +519,29 @@ def tokenize_and_group(
 
 
 def train_tokenizer(
-    tokenizer: PreTrainedTokenizerBase, texts: datasets.Dataset, text_column: str, vocab_size: int
+    tokenizer: PreTrainedTokenizerBase,
+    texts: datasets.Dataset,
+    text_column: str,
+    vocab_size: int,
+    cache_dir: str | os.PathLike | None = None,
+    overwrite_cache: bool = False,
 ) -> PreTrainedTokenizerBase:
     """
     A new vocabulary for `tokenizer`, trained on the `text_column` of `texts` with its own algorithm (WordPiece for
     BERT's tokenizer) by `tokenizers`, through `PreTrainedTokenizerFast.train_new_from_iterator`. The normalization
     (lower-casing, accent stripping), pre-tokenization, special tokens and post-processing (`[CLS] ... [SEP]`) are
-    `tokenizer`'s; only the vocabulary is new. Tokens of equal counts are numbered (and, at the vocabulary's edge,
-    kept) in an order `tokenizers` takes from a randomly seeded hash, so two trainings on the same texts may differ
-    there: a multi-process run trains once, in the main process, and sends the tokenizer to the others
+    `tokenizer`'s; only the vocabulary is new.
+
+    `tokenizers`' BPE/WordPiece trainer is not repeatable: it numbers the continuing-subword tokens (`##a`, `##b`, ...)
+    in the order of a hash map with a per-process random seed, and breaks ties between pairs of equal counts by those
+    numbers, so two trainings on the same texts differ in ids and, at ties, in tokens (huggingface/tokenizers#1794;
+    no setting of its own, `RAYON_NUM_THREADS=1` included, nor the order of the texts changes that). With `cache_dir`
+    the trained tokenizer is therefore kept, like the tokenized data, under `<cache_dir>/seqbert_trained_tokenizers/`
+    in a folder keyed by `texts`' datasets fingerprint, `text_column`, `vocab_size`, `tokenizer` (datasets' `Hasher`,
+    as in the `Dataset.map` cache) and the `tokenizers` version, and a later call with the same key reads it instead
+    of training again: the same command on the same machine gets the same tokenizer, byte for byte
+    (`overwrite_cache` trains anew and replaces it). Either way the tokenizer returned is the one read back from that
+    folder (where it can be written). A multi-process run trains once, in the main process, and sends the tokenizer to the others
     (`from_main_process`); a resumed run reads it from its checkpoint.
 
     Returns:
@@ -519,12 +556,36 @@ def train_tokenizer(
             f"tokenizer_vocab_size ({vocab_size}) trains a new vocabulary with the tokenizers library, which needs a "
             f"fast tokenizer, but {type(tokenizer).__name__} is not one: give a fast tokenizer (tokenizer_name)"
         )
+    if cache_dir is not None:
+        key = Hasher.hash([texts._fingerprint, text_column, vocab_size, Hasher.hash(tokenizer), tokenizers.__version__])
+        folder = Path(cache_dir) / TRAINED_TOKENIZERS_FOLDER / key
+        if folder.is_dir() and not overwrite_cache:
+            logger.info(f"Tokenizer: the vocabulary an earlier run trained on this text, read from {folder}")
+            return AutoTokenizer.from_pretrained(str(folder))
 
     def batches():
         for batch in texts.select_columns([text_column]).iter(1_000):
             yield [text for text in batch[text_column] if text]
 
-    return tokenizer.train_new_from_iterator(batches(), vocab_size=vocab_size, length=len(texts))
+    started = time.perf_counter()
+    trained = tokenizer.train_new_from_iterator(batches(), vocab_size=vocab_size, length=len(texts))
+    logger.info(f"Tokenizer: a vocabulary of {len(trained):,} tokens trained in {time.perf_counter() - started:.1f} s")
+    if cache_dir is None:
+        return trained
+    try:  # saved whole under another name, then renamed: a folder of that key is always complete
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=folder.parent))
+        trained.save_pretrained(staging)
+        if overwrite_cache:
+            shutil.rmtree(folder, ignore_errors=True)
+        try:
+            staging.rename(folder)
+        except OSError:  # another run saved one first: every run then reads that one
+            shutil.rmtree(staging, ignore_errors=True)
+    except OSError as error:
+        logger.warning(f"The trained vocabulary could not be kept in {folder} ({error}): a later run trains it anew")
+        return trained
+    return AutoTokenizer.from_pretrained(str(folder))
 
 
 def from_main_process(compute, training_args: TrainingArguments):
@@ -910,7 +971,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         elif "train" in raw:
             tokenizer = from_main_process(
                 lambda: train_tokenizer(
-                    tokenizer, raw["train"], data_args.text_column, model_args.tokenizer_vocab_size
+                    tokenizer,
+                    raw["train"],
+                    data_args.text_column,
+                    model_args.tokenizer_vocab_size,
+                    cache_dir=model_args.cache_dir or datasets.config.HF_DATASETS_CACHE,
+                    overwrite_cache=data_args.overwrite_cache,
                 ),
                 training_args,
             )
@@ -921,6 +987,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             )
         logger.info(f"Tokenizer: a WordPiece vocabulary of {len(tokenizer):,} tokens trained on the training text")
         config = model_config(model_args, tokenizer)
+    if tokenizer.is_fast:
+        # transformers sets the backend's truncation and padding from each call's arguments, so those a tokenizer.json
+        # comes with (MiniLM's: both at 128, from sentence-transformers) reached the saved tokenizer.json only in a run
+        # that never called the tokenizer itself (its blocks read from the datasets cache, or tokenized by worker
+        # processes). Without them every run saves the same file.
+        tokenizer.backend_tokenizer.no_truncation()
+        tokenizer.backend_tokenizer.no_padding()
     with training_args.main_process_first(desc="tokenizing the data"):
         blocks = tokenize_and_group(
             raw,
