@@ -212,7 +212,7 @@ def test_in_domain_pretraining_then_fine_tuning_from_it_or_from_random_weights(t
         [
             "--offline_corpus", "rotten_tomatoes", "--config_overrides", TINY_OVERRIDES, "--tokenizer_vocab_size",
             "400", "--max_seq_length", "64", "--max_train_samples", "16", "--max_eval_samples", "8", "--max_steps", "2",
-            "--eval_strategy", "no", "--output_dir", str(pretrained),
+            "--eval_strategy", "no", "--output_dir", str(pretrained), "--cache_dir", str(tmp_path / "cache"),
         ]
     )  # fmt: skip
     encoder = AutoModelForMaskedLM.from_pretrained(pretrained).seqbert.state_dict()
