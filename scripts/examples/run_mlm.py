@@ -541,8 +541,8 @@ def train_tokenizer(
     as in the `Dataset.map` cache) and the `tokenizers` version, and a later call with the same key reads it instead
     of training again: the same command on the same machine gets the same tokenizer, byte for byte
     (`overwrite_cache` trains anew and replaces it). Either way the tokenizer returned is the one read back from that
-    folder (where it can be written). A multi-process run trains once, in the main process, and sends the tokenizer to the others
-    (`from_main_process`); a resumed run reads it from its checkpoint.
+    folder (where it can be written). A multi-process run trains once, in the main process, and sends the tokenizer to
+    the others (`from_main_process`); a resumed run reads it from its checkpoint.
 
     Returns:
         The new fast tokenizer: `vocab_size` tokens, or more when the texts' characters alone are more (every
