@@ -22,6 +22,8 @@ One module per concern:
 - `length_groups`: length-grouped attention (`LengthGroups`);
 - `optimized_layers`: the optimized encoder, layer, attention, feed-forward and linear classes, and how each call form
   keeps the precision;
+- `optimized_decoder`: the same for the decoder half of the generation models (decoder layers with their key/value
+  cache, cross-attention, LM head) and beam search's cache reordering;
 - `plans`: `CpuInferencePlan`, the default plans per CPU class, `measure_plan` and the per-process cache;
 - `optimized_model`: `optimize_for_cpu_inference`.
 

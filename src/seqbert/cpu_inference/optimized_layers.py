@@ -87,17 +87,17 @@ def _packed_applies(x: torch.Tensor, dtype: torch.dtype) -> bool:
     return not (torch.is_grad_enabled() and x.requires_grad)
 
 
-def _refusal(layer: "_OptimizedLayer", hidden_states: torch.Tensor) -> str | None:
-    """Why `layer`'s packed weights cannot serve this call, as the warning says it (None: they can; under
-    `torch.compile` they run outside the graph)."""
+def _refusal(layer: nn.Module, hidden_states: torch.Tensor) -> str | None:
+    """Why the packed weights of `layer` (an optimized layer or LM head: `_packed`, `_cpu_part`) cannot serve this
+    call, as the warning says it (None: they can; under `torch.compile` they run outside the graph)."""
     if hidden_states.device.type != "cpu":
         return f"an input is on {hidden_states.device.type}, and the packed weights live on the CPU"
-    if hidden_states.dtype not in (torch.float32, layer._packed["qkv"].dtype):
+    if hidden_states.dtype not in (torch.float32, next(iter(layer._packed.values())).dtype):
         return f"an input is {hidden_states.dtype}, and the packed layers take float32 inputs"
     if torch.is_grad_enabled() and hidden_states.requires_grad:
         return (
-            "gradients flow into the encoder (an input that requires grad, with grad enabled), and oneDNN's packed "
-            "kernels have no backward"
+            f"gradients flow into the {layer._cpu_part} (an input that requires grad, with grad enabled), and "
+            "oneDNN's packed kernels have no backward"
         )
     if _tracing():
         return (
@@ -238,7 +238,7 @@ class _OptimizedLinear(nn.Linear):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         int8, dtype, kernel = self._cpu_linear
-        if not _packed_applies(input, dtype):
+        if not _packed_applies(input, dtype) or self.__dict__.get("_cpu_fp32"):  # the latter: `optimized_decoder`
             return super().forward(input)
         packed = self.__dict__.get("_packed_linear")
         if packed is None:
@@ -266,7 +266,7 @@ class _OptimizedLayer(SeqBertLayer):
         if refusal is None and torch.compiler.is_compiling():
             if self._cpu_precision == "fp32":  # the model's own layer, traced into the graph
                 return super().forward(hidden_states, attention_mask, **kwargs)
-            return _outside_the_graph(self, hidden_states, attention_mask, length_groups, kwargs)
+            return self.outside_the_graph(hidden_states, attention_mask, length_groups, kwargs)
         if refusal is not None:
             if self._cpu_precision != "fp32":
                 _warn_once(self, refusal)
@@ -274,6 +274,10 @@ class _OptimizedLayer(SeqBertLayer):
             fp32 = hidden_states.float() if dtype == torch.bfloat16 else hidden_states
             return super().forward(fp32, attention_mask, **kwargs).to(dtype)
         return self.packed_forward(hidden_states, attention_mask, length_groups, kwargs)
+
+    def outside_the_graph(self, hidden_states, attention_mask, length_groups, kwargs) -> torch.Tensor:
+        """`packed_forward` called eagerly from a `torch.compile`d model (a graph break)."""
+        return _outside_the_graph(self, hidden_states, attention_mask, length_groups, kwargs)
 
     def packed_forward(
         self,
@@ -331,15 +335,21 @@ _WHY = {
 }
 
 
+# What `_warn_once` calls the optimized modules of each part (`_cpu_part`).
+_PARTS = {"encoder": "encoder layers", "decoder": "decoder layers", "LM head": "LM head"}
+
+
 @torch.compiler.disable
-def _warn_once(layer: _OptimizedLayer, reason: str) -> None:
-    """One warning per optimized copy and reason: the layers run the model's own fp32 forward, and why."""
+def _warn_once(layer: nn.Module, reason: str) -> None:
+    """One warning per optimized copy and reason: the layers (or LM head) run the model's own fp32 forward, and
+    why."""
     if reason in layer._cpu_notes:
         return
     layer._cpu_notes.add(reason)
     asked = "int8=True" if layer._cpu_precision == "int8" else "dtype=torch.bfloat16"
+    part = _PARTS[layer._cpu_part]
     warnings.warn(
-        f"optimize_for_cpu_inference({asked}) copy: {reason}, so its encoder layers run the model's own fp32 forward "
+        f"optimize_for_cpu_inference({asked}) copy: {reason}, so its {part} run the model's own fp32 forward "
         f"for such calls instead of {_WHY[layer._cpu_precision]} (said once per copy). Call it on the CPU with "
         "float32 inputs and without gradients to get its precision; to train or export, use the model you optimized",
         UserWarning,
@@ -352,45 +362,63 @@ _ORIGINAL_CLASSES: dict[type, type] = {}
 
 
 def optimized_class(mixin: type, module_class: type) -> type:
-    """The class `mixin` + `module_class`, one per pair (so optimized copies share their classes); `module_class`
-    itself where it is one already."""
+    """The class `mixin` + `module_class`, one per pair (so optimized copies share their classes), named by the
+    mixin's `optimized_name` pattern (default "CpuOptimized{}"); `module_class` itself where it is one already."""
     if issubclass(module_class, mixin):
         return module_class
     key = (mixin, module_class)
     if key not in _OPTIMIZED_CLASSES:
-        name = "CpuOptimizedLinear" if module_class is nn.Linear else f"CpuOptimized{module_class.__name__}"
+        pattern = getattr(mixin, "optimized_name", "CpuOptimized{}")
+        name = "CpuOptimizedLinear" if module_class is nn.Linear else pattern.format(module_class.__name__)
         _OPTIMIZED_CLASSES[key] = type(name, (mixin, module_class), {})
         _ORIGINAL_CLASSES[_OPTIMIZED_CLASSES[key]] = module_class
     return _OPTIMIZED_CLASSES[key]
 
 
-# What `optimize_layer` and `optimize_encoder` add to a module, and `restore_original_modules` removes.
+# What `optimize_layer`, `optimize_encoder` and (`optimized_decoder`) `optimize_decoder` add to a module or a model,
+# and `restore_original_modules` removes.
 OPTIMIZATION_ATTRIBUTES = (
     "_packed", "_packed_qkv", "_packed_up", "_packed_linear", "_cpu_linear", "_cpu_precision", "_cpu_notes",
-    "_cpu_dtype", "_cpu_attention", "_cpu_length_groups",
+    "_cpu_dtype", "_cpu_attention", "_cpu_length_groups", "_cpu_part", "_packed_query", "_packed_kv",
+    "_reorder_cache", "_cpu_fp32",
 )  # fmt: skip
 
 
 def optimize_layer(
-    layer: SeqBertLayer, linear_kernels: dict[str, str], int8: bool, dtype: torch.dtype, notes: set | None = None
+    layer: SeqBertLayer,
+    linear_kernels: dict[str, str],
+    int8: bool,
+    dtype: torch.dtype,
+    notes: set | None = None,
+    layer_mixin: type | None = None,
+    attention_mixin: type | None = None,
+    part: str = "encoder",
 ) -> SeqBertLayer:
     """`layer` itself, its linears packed for `linear_kernels` (role -> kernel) and its class, its attention's, its
     feed-forward's and its linear layers' mixed with the optimized ones; `notes`: the set of reasons already warned
-    about, shared by the layers of one copy."""
+    about, shared by the layers of one copy. `layer_mixin` and `attention_mixin` (default `_OptimizedLayer` and
+    `_OptimizedSelfAttention`) and `part` ("encoder" or "decoder", what warnings call it) serve the causal layers of
+    a decoder (`optimized_decoder`)."""
     packed = pack_layer(layer, linear_kernels, int8, dtype)
     for role, (linears, _, _) in layer_linears(layer).items():
         for linear in linears:
             linear._cpu_linear = (int8, dtype, linear_kernels[role])
             linear.__class__ = optimized_class(_OptimizedLinear, type(linear))
     layer.attention._packed_qkv = packed["qkv"]
-    layer.attention.__class__ = optimized_class(_OptimizedSelfAttention, type(layer.attention))
+    layer.attention.__class__ = optimized_class(attention_mixin or _OptimizedSelfAttention, type(layer.attention))
     layer.mlp._packed_up = packed["up_proj"]
     layer.mlp.__class__ = optimized_class(_OptimizedMLP, type(layer.mlp))
     layer._packed = packed
-    layer._cpu_precision = "int8" if int8 else {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
+    layer._cpu_precision = precision_name(int8, dtype)
     layer._cpu_notes = set() if notes is None else notes
-    layer.__class__ = optimized_class(_OptimizedLayer, type(layer))
+    layer._cpu_part = part
+    layer.__class__ = optimized_class(layer_mixin or _OptimizedLayer, type(layer))
     return layer
+
+
+def precision_name(int8: bool, dtype: torch.dtype) -> str:
+    """ "int8", "fp32" or "bf16"."""
+    return "int8" if int8 else {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
 
 
 def optimize_encoder(
@@ -426,11 +454,13 @@ def restore_original_modules(model: nn.Module) -> None:
 
 
 def packed_objects(model: nn.Module) -> list:
-    """The packed weights and settings `optimize_encoder` attached to `model`'s modules (what a copy that is to be
-    restored need not copy)."""
+    """The packed weights and the containers of them that `optimize_encoder` and `optimize_decoder` attached to
+    `model`'s modules (what a copy that is to be restored need not copy). Strings, numbers, tuples and functions are
+    left out: a deep copy's memo entry for one would stand for every use of that object in the model (an interned
+    string such as "encoder" is the same object wherever it appears)."""
     return [
         module.__dict__[name]
         for module in model.modules()
         for name in OPTIMIZATION_ATTRIBUTES
-        if name in module.__dict__
+        if name in module.__dict__ and isinstance(module.__dict__[name], (PackedLinear, dict, set, list))
     ]

@@ -10,15 +10,24 @@ import torch
 from torch import nn
 from transformers.utils import logging
 
-from ..modeling_seqbert import SeqBertEncoder, SeqBertLayer, SeqBertPreTrainedModel
+from ..modeling_seqbert import (
+    SeqBertDecoder,
+    SeqBertEncoder,
+    SeqBertForCausalLM,
+    SeqBertForConditionalGeneration,
+    SeqBertLayer,
+    SeqBertPreTrainedModel,
+)
 from .capabilities import (
     UnsupportedCpuError,
     bf16_instructions_available,
     bf16_linear_available,
+    linear_kernels_available,
     onednn_x86_operators_available,
 )
+from .optimized_decoder import optimize_decoder, optimize_lm_head, reorder_self_attention_cache
 from .optimized_layers import is_optimized, optimize_encoder, packed_objects, restore_original_modules
-from .plans import CpuInferencePlan, check_plan, default_timing_lengths, measured_plan
+from .plans import CpuInferencePlan, check_plan, default_plan, default_timing_lengths, measured_plan
 
 
 logger = logging.get_logger("seqbert.cpu_inference")
@@ -33,8 +42,9 @@ def optimize_for_cpu_inference(
 ) -> SeqBertPreTrainedModel:
     """
     A copy of `model` for CPU inference whose encoder layers run prepacked linear layers with fused post-ops and
-    length-grouped attention (our own combination of torch's oneDNN, MKL and generic operators), in the precision
-    asked for:
+    length-grouped attention (our own combination of torch's oneDNN, MKL and generic operators), and whose decoder
+    layers and LM head (`SeqBertForConditionalGeneration`, `SeqBertForCausalLM`) run prepacked linear layers with
+    their key/value cache, in the precision asked for:
 
     - query, key and value projections as one matrix product, laid out for attention with one copy instead of three;
     - bias + activation fused into the feed-forward's first product, and the residual added inside the output
@@ -65,8 +75,19 @@ def optimize_for_cpu_inference(
     a graph break per layer; with `fullgraph=True` compiling raises, naming why). Where the packed weights cannot serve
     a call (gradients flowing into the encoder, inputs off the CPU or of another dtype, `torch.export`,
     `torch.jit.trace`) the layers run the model's own fp32 forward, and an int8 or bf16 copy says so in one warning per
-    reason. Attention, LayerNorms, embeddings, heads and the decoder of a seq2seq model run as in `model`. Any batch
-    size or length runs without further preparation. An optimized copy given as `model` is optimized afresh from its
+    reason. Attention, LayerNorms, embeddings and the encoder models' heads run as in `model`. Any batch size or
+    length runs without further preparation.
+
+    The decoder half (`optimized_decoder`): the decoder layers of a seq2seq or causal LM model (causal self-attention
+    with its query/key/value as one product, cross-attention with its keys and values of the encoder output as one
+    product computed once per `generate`, feed-forward; the residual adds and the activation fused) and the LM head
+    (its transform with the activation fused, the vocabulary projection) compute in the precision asked for, on
+    oneDNN's kernels (the only ones int8 and bf16 have; in fp32 the layout `PackedCpuLinears` measured fastest for
+    decode steps). `generate` runs on them with the dynamic or static key/value cache and beam search as the model
+    does; a seq2seq copy reorders only the self-attention cache between beam steps (the cross-attention cache holds
+    the same keys and values for every beam of a source). Their call forms keep the precision as the encoder's do. A
+    model without encoder layers (a causal LM) is not timed: its `cpu_inference_plan` is this CPU's default plan. fp32
+    decoders where oneDNN's x86 operators are missing run as in `model`. An optimized copy given as `model` is optimized afresh from its
     fp32 weights, as the model it was made from would be; `copy.deepcopy` of a copy packs the copied weights anew.
 
     fp32 results differ from the eager model in the last bits (the kernels sum in another order): within 1e-5 of
@@ -74,13 +95,13 @@ def optimize_for_cpu_inference(
     operators are missing (non-x86 CPUs such as AWS Graviton or Apple silicon, or builds without oneDNN) the plan
     chooses among torch's generic `addmm` and `linear`.
 
-    With `int8=True` the encoder's linear layers compute in int8 through oneDNN (x86 only; weights per output feature,
+    With `int8=True` the linear layers of the encoder, the decoder and the LM head compute in int8 through oneDNN (x86 only; weights per output feature,
     activations per call; see `PackedLinear`), which moves hidden states as int8 does
     (`scripts/benchmarks/evaluate_int8.py` measures the accuracy a fine-tuned classifier keeps). On CPUs whose int8
     products saturate in a call form seqbert uses (no VNNI: AVX2 CPUs such as AMD Zen 3), the weights of that form are
     quantized to 7 bits so that the products stay exact (`int8_weight_levels`).
 
-    With `dtype=torch.bfloat16` the encoder layers compute in bf16 (Kalamkar et al. 2019, "A Study of BFLOAT16 for
+    With `dtype=torch.bfloat16` the encoder and decoder layers and the LM head compute in bf16 (Kalamkar et al. 2019, "A Study of BFLOAT16 for
     Deep Learning Training"): weights rounded to bf16 once, hidden states bf16 between the encoder's layers (handed
     over in fp32 where a hook or recorder watches a layer, the values still bf16's), every
     matrix product accumulated in fp32 inside oneDNN, LayerNorm statistics and the attention softmax computed in fp32
@@ -88,18 +109,21 @@ def optimize_for_cpu_inference(
     an additive mask, runs in fp32 on the bf16 projections), and the embeddings, pooler and heads in fp32 as before,
     so outputs are fp32. On CPUs with AVX512_BF16 or AMX-BF16 this is the fast path. On other AVX-512 CPUs oneDNN
     emulates bf16, slower than fp32, and a warning says so (`bf16_instructions_available`); on CPUs without AVX-512
-    torch has no bf16 oneDNN linear, and this raises (`bf16_linear_available`).
+    torch has no bf16 oneDNN linear, and this raises (`bf16_linear_available`). The decoder's key/value cache holds
+    bf16 keys and values then; its hidden states enter and leave each decoder layer in fp32, and logits are fp32.
 
     The copy is for inference: its parameters do not require grad, and the packed weights are taken now, so changing
     the copy's weights afterwards is not seen by the packed layers; optimize again instead. `save_pretrained` of the
-    copy writes the ordinary fp32 weights.
+    copy writes the ordinary fp32 weights. The copy keeps its fp32 weights beside the packed ones: they serve the
+    calls the packed weights cannot (gradients, `torch.export`), `save_pretrained`, and optimizing the copy again
+    (int8 adds a quarter of the fp32 weights' bytes, bf16 half, fp32 a full second copy).
 
     Args:
-        model (`SeqBertPreTrainedModel`): any SeqBERT model with an encoder, on the CPU in float32, in either mode;
-            left unchanged.
-        int8 (`bool`): compute the encoder's linear layers in int8.
-        dtype (`torch.dtype`): `torch.float32` (default) or `torch.bfloat16`, what the encoder layers compute in
-            (not with `int8=True`).
+        model (`SeqBertPreTrainedModel`): any SeqBERT model with an encoder or a decoder, on the CPU in float32, in
+            either mode; left unchanged.
+        int8 (`bool`): compute the linear layers in int8.
+        dtype (`torch.dtype`): `torch.float32` (default) or `torch.bfloat16`, what the encoder and decoder layers
+            compute in (not with `int8=True`).
         plan (`CpuInferencePlan` or `dict`, *optional*): run this plan instead of measuring one.
         example_inputs (`Mapping`, *optional*): a batch like those that will be served (the tokenizer's output); its
             `attention_mask` gives the lengths the plan is timed on (default `default_timing_lengths()`).
@@ -111,7 +135,7 @@ def optimize_for_cpu_inference(
         TypeError: `model` is not a SeqBERT model, `int8` is not a bool, `dtype` not a `torch.dtype`, or `plan` of
             another type.
         ValueError: `dtype` is neither float32 nor bfloat16, or bfloat16 with `int8=True`; `model` is not on the CPU
-            in float32, has no bidirectional encoder layers, or its linear layers are wrapped (PEFT adapters: merge
+            in float32, has neither encoder nor decoder layers, or its linear layers are wrapped (PEFT adapters: merge
             them first with `merge_and_unload()`); `plan` names a kernel this precision or CPU cannot run, an unknown
             attention mode, or the eager layers for int8 or bf16; `example_inputs` has no usable `attention_mask`.
         UnsupportedCpuError: int8 or bf16 where this CPU or torch build lacks oneDNN's x86 operators (the message
@@ -154,20 +178,22 @@ def optimize_for_cpu_inference(
     ]
     encoders = [layers for layers in encoders if layers]
     layers = [pair for encoder_layers in encoders for pair in encoder_layers]
-    if not layers:
-        raise ValueError(f"{type(model).__name__} has no bidirectional encoder layers to optimize")
-    for name, layer in layers:
+    decoded = _decoder_parts(model)
+    if not layers and not decoded:
+        raise ValueError(f"{type(model).__name__} has no encoder or decoder layers to optimize")
+    for name, layer in [(f"layer {name}", layer) for name, layer in layers] + decoded:
         for child_name, child in layer.named_modules():
-            if child_name.rsplit(".", 1)[-1] in ("query", "key", "value", "out_proj", "up_proj", "down_proj") and (
-                type(child) is not nn.Linear
-            ):
+            if child_name.rsplit(".", 1)[-1] in _PACKED_LINEAR_NAMES and type(child) is not nn.Linear:
                 raise ValueError(
-                    f"layer {name}'s {child_name} is a {type(child).__name__}, not a plain nn.Linear (a PEFT "
-                    "adapter?); merge adapters into the weights first (`merge_and_unload()`)"
+                    f"{name}'s {child_name} is a {type(child).__name__}, not a plain nn.Linear (a PEFT adapter?); "
+                    "merge adapters into the weights first (`merge_and_unload()`)"
                 )
     _check_cpu(int8, dtype)
     lengths = _example_lengths(example_inputs)
-    if plan is None:
+    if plan is None and not layers:  # a decoder only: its kernels are fixed, there is no encoder layer to time
+        plan = default_plan(int8, dtype)
+        plan.measurements.update(chosen_by="default plan: no encoder layers to time", from_cache=False)
+    elif plan is None:
         plan = measured_plan(encoders[0][0][1], int8, dtype, lengths, len(encoders[0]))
         measured = plan.measurements
         when = (
@@ -184,11 +210,39 @@ def optimize_for_cpu_inference(
         plan = check_plan(plan, int8, dtype).copy()
     optimized = (model if copied else copy.deepcopy(model)).eval().requires_grad_(False)
     optimized.cpu_inference_plan = plan
-    if plan.eager_layers:
-        return optimized
-    for encoder in (module for module in optimized.modules() if isinstance(module, SeqBertEncoder)):
-        optimize_encoder(encoder, plan.linear_kernels, plan.attention, plan.length_groups, int8, dtype)
+    if not plan.eager_layers:
+        for encoder in (module for module in optimized.modules() if isinstance(module, SeqBertEncoder)):
+            optimize_encoder(encoder, plan.linear_kernels, plan.attention, plan.length_groups, int8, dtype)
+    kernel = "onednn" if "onednn" in linear_kernels_available(int8, dtype) else None
+    decoders = [module for module in optimized.modules() if isinstance(module, SeqBertDecoder)]
+    if decoders and kernel is not None:  # else (fp32 without oneDNN) the decoder runs as in `model`
+        notes: set = set()
+        for decoder in decoders:
+            optimize_decoder(decoder, kernel, int8, dtype, notes)
+        if isinstance(optimized, _GENERATION_MODELS):
+            optimize_lm_head(optimized.lm_head, optimized.config.hidden_act, kernel, int8, dtype, notes)
+        if any(decoder.add_cross_attention for decoder in decoders):
+            optimized._reorder_cache = reorder_self_attention_cache
     return optimized
+
+
+# The generation models, whose LM head `optimize_for_cpu_inference` optimizes with their decoder.
+_GENERATION_MODELS = (SeqBertForCausalLM, SeqBertForConditionalGeneration)
+# The names of the linear layers an optimized copy packs (PEFT adapters there are refused).
+_PACKED_LINEAR_NAMES = ("query", "key", "value", "out_proj", "up_proj", "down_proj", "dense", "decoder")
+
+
+def _decoder_parts(model: SeqBertPreTrainedModel) -> list[tuple[str, nn.Module]]:
+    """The decoder layers of `model` and the LM head of a generation model, by the name an error gives them."""
+    parts = [
+        (f"decoder layer {name}", layer)
+        for decoder in model.modules()
+        if isinstance(decoder, SeqBertDecoder)
+        for name, layer in decoder.layers.named_children()
+    ]
+    if parts and isinstance(model, _GENERATION_MODELS):
+        parts.append(("the LM head", model.lm_head))
+    return parts
 
 
 def _unoptimized_copy(model: SeqBertPreTrainedModel) -> SeqBertPreTrainedModel:
