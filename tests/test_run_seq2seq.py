@@ -239,3 +239,26 @@ def test_predict_generates_for_sources_without_labels(tokenizer, tmp_path):
     assert output.predictions[0, : first.shape[1]].tolist() == first[0].tolist()
     with pytest.raises(ValueError, match="needs decoder inputs"):
         Seq2SeqTrainer(model=model, args=args, data_collator=collator).predict(dataset)
+
+
+def test_scores_the_test_split_with_cpu_inference_copies(seq2seq_run, tmp_path):
+    """`--cpu_inference_precisions` generates the test split again with `optimize_for_cpu_inference` copies of the
+    model and scores each beside it: the fp32 copy repeats the model's tokens and BLEU exactly, int8 and bf16 their
+    own; each with its generation time. A value that is no precision is refused, naming it."""
+    import run_seq2seq
+
+    metrics = run_seq2seq.main(
+        [
+            "--model_name_or_path", str(seq2seq_run), "--no_do_train", "--max_predict_samples", "8",
+            "--generation_max_length", "16", "--truecase", "False", "--output_dir", str(tmp_path),
+            "--cpu_inference_precisions", "fp32", "int8", "bf16",
+        ]
+    )  # fmt: skip
+    assert metrics["predict_fp32_same_tokens"] == 1.0 and metrics["predict_fp32_bleu"] == metrics["predict_bleu"]
+    for precision in ("int8", "bf16"):
+        assert 0.0 < metrics[f"predict_{precision}_same_tokens"] <= 1.0
+        assert 0.0 <= metrics[f"predict_{precision}_bleu_uncased"] <= 100.0
+        assert metrics[f"predict_{precision}_runtime"] > 0
+    assert json.loads((tmp_path / "all_results.json").read_text())["predict_int8_chrf"] == metrics["predict_int8_chrf"]
+    with pytest.raises(run_seq2seq.ScriptInputError, match=r"cpu_inference_precisions \(\['fp16'\]\) must be among"):
+        run_seq2seq.parse_and_check(["--output_dir", str(tmp_path / "other"), "--cpu_inference_precisions", "fp16"])

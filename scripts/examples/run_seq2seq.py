@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import datasets
 import numpy as np
 import sacrebleu
+import torch
 import transformers
 from transformers import (
     AutoModelForSeq2SeqLM,
@@ -134,6 +135,16 @@ class ModelArguments:
     num_decoder_layers: int | None = field(
         default=None,
         metadata={"help": "Decoder layers of a warm start from BERT (the first N of the checkpoint's; default all)."},
+    )
+    cpu_inference_precisions: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "After the test split is scored, generate it again with seqbert.optimize_for_cpu_inference "
+            "copies of the trained model in these precisions (fp32, int8, bf16; CPU only) and score each beside the "
+            "model: predict_{precision}_bleu, _chrf, _runtime (seconds of generation), _same_tokens (the share of "
+            "the model's generated tokens it repeats at the same place).",
+            "nargs": "+",
+        },
     )
 
 
@@ -264,6 +275,69 @@ def check_num_decoder_layers(value: int | None, model_type: str, path: str) -> N
     if value is not None and value < 1:
         raise ScriptInputError(f"num_decoder_layers ({value}) must be >= 1")
     check_warm_start_option("num_decoder_layers", value, model_type, path)
+
+
+# `--cpu_inference_precisions` value -> `seqbert.optimize_for_cpu_inference` arguments.
+CPU_PRECISIONS = {"fp32": {}, "int8": {"int8": True}, "bf16": {"dtype": torch.bfloat16}}
+
+
+def check_cpu_inference_precisions(precisions: list[str], training_args) -> None:
+    """
+    Raises:
+        ScriptInputError: a `--cpu_inference_precisions` value that is not one of `CPU_PRECISIONS`, or the option
+            without `--do_predict` (it scores the test split), or with a device other than the CPU or several
+            processes (the copies are CPU-only, and scored in one process).
+    """
+    if not precisions:
+        return
+    unknown = [value for value in precisions if value not in CPU_PRECISIONS]
+    if unknown:
+        raise ScriptInputError(f"cpu_inference_precisions ({unknown}) must be among {list(CPU_PRECISIONS)}")
+    if not training_args.do_predict:
+        raise ScriptInputError(
+            f"cpu_inference_precisions ({precisions}) scores the test split: it needs do_predict (drop --no_do_predict)"
+        )
+    if training_args.device.type != "cpu" or training_args.world_size > 1:
+        raise ScriptInputError(
+            f"cpu_inference_precisions ({precisions}) optimizes copies for one CPU process; this run is on "
+            f"{training_args.device.type} with {training_args.world_size} process(es): add --use_cpu, one process"
+        )
+
+
+def predict_in_precisions(trainer, dataset, precisions: list[str], reference: np.ndarray, score) -> dict[str, float]:
+    """
+    Generate for `dataset` (tokenized, longest first as `predict_longest_first`) with a
+    `seqbert.optimize_for_cpu_inference` copy of `trainer.model` in each of `precisions`, on the trainer's generation
+    settings, and score each with `score(predictions) -> {"bleu": ..., "chrf": ..., ...}`. `reference`: the model's
+    own predictions (N, L), padded -100, which `_same_tokens` compares with.
+
+    Returns:
+        `{f"predict_{precision}_{name}": value}`: each score of `score`, `runtime` (seconds `trainer.predict` took to
+        generate) and `same_tokens` (the share of the model's generated tokens, after the decoder start, that the copy
+        generates at the same place).
+    """
+    model, metrics = trainer.model, {}
+    for precision in precisions:
+        trainer.model = seqbert.optimize_for_cpu_inference(model, **CPU_PRECISIONS[precision])
+        try:
+            output, predictions = predict_longest_first(trainer, dataset)
+        finally:
+            trainer.model = model
+        for name, value in score(predictions).items():
+            metrics[f"predict_{precision}_{name}"] = value
+        metrics[f"predict_{precision}_runtime"] = output.metrics["predict_runtime"]
+        metrics[f"predict_{precision}_same_tokens"] = same_tokens(reference, predictions)
+    return metrics
+
+
+def same_tokens(reference: np.ndarray, predictions: np.ndarray) -> float:
+    """The share of `reference`'s generated tokens (not -100 or the pad token 0, after the first column, the decoder
+    start) that `predictions` holds at the same place; both (N, L) and padded with -100."""
+    width = max(reference.shape[1], predictions.shape[1])
+    padded = [np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=-100) for a in (reference, predictions)]
+    ours, theirs = (a[:, 1:] for a in padded)
+    counted = (ours != -100) & (ours != 0)
+    return float((ours == theirs)[counted].mean()) if counted.any() else 1.0
 
 
 def check_warm_start_option(name: str, value, model_type: str, path: str) -> None:
@@ -507,6 +581,7 @@ def parse_and_check(
     ):
         check_max_length(name, value, decoder_config, f"the decoder of {path!r}")
     check_num_decoder_layers(model_args.num_decoder_layers, config.model_type, path)
+    check_cpu_inference_precisions(model_args.cpu_inference_precisions, training_args)
     check_warm_start_option("cross_attention_source", model_args.cross_attention_source, config.model_type, path)
     return model_args, data_args, training_args, config, resume_point(training_args)
 
@@ -592,18 +667,33 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         eval_metrics = dict(trainer.evaluate(metric_key_prefix="eval"), eval_samples=len(tokenized["validation"]))
         metrics.update(log_and_save_metrics(trainer, "eval", eval_metrics))
     if training_args.do_predict:
-        output, predictions = predict_longest_first(trainer, tokenized["test"])
-        predictions = np.where(predictions != -100, predictions, tokenizer.pad_token_id)
-        texts = [t.strip() for t in tokenizer.batch_decode(predictions, skip_special_tokens=True)]
+        output, generated = predict_longest_first(trainer, tokenized["test"])
         sources = list(untokenized["test"][data_args.source_column])
         truecase = getattr(tokenizer, "do_lower_case", False) if data_args.truecase is None else data_args.truecase
-        if truecase and "train" in raw:
-            recase = make_recaser(list(raw["train"][data_args.target_column]))
-            texts = [recase(text, source) for text, source in zip(texts, sources, strict=True)]
+        recase = make_recaser(list(raw["train"][data_args.target_column])) if truecase and "train" in raw else None
         references = list(untokenized["test"][data_args.target_column])
+
+        def texts_of(predictions: np.ndarray) -> list[str]:
+            predictions = np.where(predictions != -100, predictions, tokenizer.pad_token_id)
+            texts = [t.strip() for t in tokenizer.batch_decode(predictions, skip_special_tokens=True)]
+            if recase is not None:
+                texts = [recase(text, source) for text, source in zip(texts, sources, strict=True)]
+            return texts
+
+        texts = texts_of(generated)
         predict_metrics = dict(output.metrics, predict_samples=len(texts))
         predict_metrics.update(bleu_and_chrf(texts, references, "predict"))
         predict_metrics.update(bleu_and_chrf(sources, references, "copy_baseline"))
+        if model_args.cpu_inference_precisions:
+            predict_metrics.update(
+                predict_in_precisions(
+                    trainer, tokenized["test"], model_args.cpu_inference_precisions, generated,
+                    lambda predictions: {
+                        key.removeprefix("score_"): value
+                        for key, value in bleu_and_chrf(texts_of(predictions), references, "score").items()
+                    },
+                )
+            )  # fmt: skip
         metrics.update(log_and_save_metrics(trainer, "predict", predict_metrics))
         if trainer.is_world_process_zero():
             with open(os.path.join(training_args.output_dir, "generated_predictions.txt"), "w", encoding="utf-8") as f:

@@ -69,8 +69,17 @@ def hooked(module: nn.Module) -> bool:
 
 
 def _block_hooked(*modules: nn.Module) -> bool:
-    """Whether a hook watches one of `modules` or their children."""
-    return any(hooked(module) or any(hooked(child) for child in module.children()) for module in modules)
+    """Whether a hook watches one of `modules` or their children (`hooked`, written out: a decoder calls this three
+    times a layer and step, where `hooked` over `children()` took 5 % of an int8 greedy `generate`)."""
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        return True
+    for module in modules:
+        if module._forward_hooks or module._forward_pre_hooks:
+            return True
+        for child in module._modules.values():
+            if child is not None and (child._forward_hooks or child._forward_pre_hooks):
+                return True
+    return False
 
 
 def _tracing() -> bool:
