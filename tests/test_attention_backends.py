@@ -71,3 +71,41 @@ def test_sdpa_kernel_everywhere_else(minilm_path, tokenizer, rt_texts, sdpa_call
     assert long_batch["input_ids"].shape[1] > attention_backends.MAX_KEYS_WRITTEN_OUT
     _step(model, long_batch | {"labels": torch.tensor([0, 1])}, bf16=True)  # long keys: the flash kernel is faster
     assert sdpa_calls == [torch.bfloat16] * num_layers
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16 autocast"])
+@pytest.mark.parametrize("norm_placement", ["pre", "post"])
+def test_the_attention_layouts_gathered_gradient_is_index_selects(
+    tokenizer, rt_texts, monkeypatch, bf16, norm_placement
+):
+    """The attention layout's moves take their gradient by a gather (`_ToAttentionLayout`: each token's own position)
+    and a copy (`_FromAttentionLayout`) instead of `index_select`'s scatter-add: on real snippets of mixed lengths,
+    with dropout drawn alike, every gradient equals the one autograd's own `index_select` backward gives, bit for bit
+    (the repeated positions of the layout take exactly zero gradient)."""
+    config = seqbert.SeqBertConfig(
+        vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        norm_placement=norm_placement, num_labels=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = seqbert.SeqBertForSequenceClassification(config).train()  # dropout 0.1, drawn alike (seeded) in both runs
+    batch = dict(tokenizer(rt_texts[:12], padding=True, truncation=True, max_length=64, return_tensors="pt"))
+    batch["labels"] = torch.arange(12) % 2
+    assert not batch["attention_mask"].all()  # padding: the unpadded path and its attention layout
+    _, gathered = _step(model, batch, bf16)
+    gathered = {name: grad.clone() for name, grad in gathered.items()}
+    layout = attention_backends.UnpaddedBatch
+    monkeypatch.setattr(
+        layout,
+        "to_attention_layout",
+        lambda self, x: x.squeeze(0).index_select(0, self.attention_sources).view(*self.attention_mask.shape, -1),
+    )
+    monkeypatch.setattr(
+        layout,
+        "from_attention_layout",
+        lambda self, x: x.reshape(-1, x.shape[-1]).index_select(0, self.attention_indices).unsqueeze(0),
+    )
+    model.zero_grad()
+    _, scattered = _step(model, batch, bf16)
+    assert gathered.keys() == scattered.keys()
+    for name, grad in gathered.items():
+        assert torch.equal(grad, scattered[name]), name

@@ -467,13 +467,65 @@ class UnpaddedBatch:
         return rows[:positions].view(*self.input_shape, *unpadded.shape[2:])
 
     def to_attention_layout(self, unpadded: torch.Tensor) -> torch.Tensor:
-        """(1, T, ...) -> (S, L_max, ...), one sequence per row; after a sequence's end, its first token again."""
-        shape = self.attention_mask.shape
-        return unpadded.squeeze(0).index_select(0, self.attention_sources).view(*shape, *unpadded.shape[2:])
+        """(1, T, ...) -> (S, L_max, ...), one sequence per row; after a sequence's end, its first token again. Its
+        gradient is gathered back from each token's own position (`_ToAttentionLayout`)."""
+        shape, rows = self.attention_mask.shape, unpadded.squeeze(0)
+        if torch.is_grad_enabled() and rows.requires_grad:
+            laid_out = _ToAttentionLayout.apply(rows, self.attention_sources, self.attention_indices)
+        else:
+            laid_out = rows.index_select(0, self.attention_sources)
+        return laid_out.view(*shape, *unpadded.shape[2:])
 
     def from_attention_layout(self, laid_out: torch.Tensor) -> torch.Tensor:
-        """(S, L_max, ...) -> (1, T, ...): the real tokens' rows, in input order."""
-        return laid_out.reshape(-1, *laid_out.shape[2:]).index_select(0, self.attention_indices).unsqueeze(0)
+        """(S, L_max, ...) -> (1, T, ...): the real tokens' rows, in input order. Its gradient is copied to those rows
+        (`_FromAttentionLayout`)."""
+        rows = laid_out.reshape(-1, *laid_out.shape[2:])
+        if torch.is_grad_enabled() and rows.requires_grad:
+            return _FromAttentionLayout.apply(rows, self.attention_indices).unsqueeze(0)
+        return rows.index_select(0, self.attention_indices).unsqueeze(0)
+
+
+class _ToAttentionLayout(torch.autograd.Function):
+    """
+    `rows.index_select(0, sources)` (T rows -> S x L_max rows of the attention layout) whose backward gathers each
+    token's gradient from its own position (`own`, the attention indices) instead of adding up the gradients of every
+    position that repeats it, as `index_select`'s backward does (`index_add_`, a scatter: on a CPU it took a quarter of
+    a bf16 training step at bert-base width, 2026-11-29, issue 68). Exact: a position after a sequence's end repeats
+    its first token, and that copy's gradient is exactly zero (as a key its attention weight is exactly 0 after the
+    softmax; as a query its output is never read), so the sum it is left out of is unchanged, bit for bit. Our own
+    shortcut.
+    """
+
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor, sources: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(own)
+        return rows.index_select(0, sources)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        (own,) = ctx.saved_tensors
+        return grad.index_select(0, own), None, None
+
+
+class _FromAttentionLayout(torch.autograd.Function):
+    """
+    `rows.index_select(0, own)` (the attention layout's S x L_max rows -> the T real tokens' rows) whose backward
+    copies the gradient into zeros (`index_copy_`) instead of adding it (`index_add_`, a scatter, slower on a CPU): the
+    indices are distinct, so the result is the same, bit for bit. Our own shortcut (see `_ToAttentionLayout`).
+    """
+
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(own)
+        ctx.num_rows = rows.shape[0]
+        return rows.index_select(0, own)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        (own,) = ctx.saved_tensors
+        return grad.new_zeros(ctx.num_rows, *grad.shape[1:]).index_copy_(0, own, grad), None
 
 
 # ----------------------------------------------------------------------------------------------------------------------
