@@ -227,6 +227,35 @@ def test_recorded_outputs_hooks_and_gradients_keep_the_precision(precision, bert
         assert layer_output.requires_grad and torch.allclose(layer_output, expected, atol=1e-5)
 
 
+@pytest.mark.parametrize("precision", _precision_params())
+def test_torch_compile_runs_the_decoder_outside_the_graph(precision):
+    """A compiled forward of an int8 or bf16 copy (a seeded pre-LN seq2seq model, tiny) runs its decoder layers and LM
+    head eagerly outside the graph: `generate` on it gives the uncompiled copy's ids, and `fullgraph=True` raises,
+    naming why. Compiled with `aot_eager`, as tests/test_export.py's static-cache test (what runs outside the graph
+    does not depend on the backend)."""
+    torch.manual_seed(0)
+    config = seqbert.SeqBertConfig(
+        vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        max_position_embeddings=64, num_decoder_layers=2, pad_token_id=0, decoder_start_token_id=2, eos_token_id=3,
+    )  # fmt: skip
+    fast = _copy(seqbert.SeqBertForConditionalGeneration(config).eval(), precision)
+    ids = torch.randint(4, 99, (3, 7), generator=torch.Generator().manual_seed(0))
+    options = dict(max_new_tokens=5, min_new_tokens=5)
+    torch._dynamo.reset()
+    try:
+        with torch.inference_mode():
+            expected = fast.generate(input_ids=ids, **options)
+            compiled = copy.deepcopy(fast)
+            compiled.forward = torch.compile(compiled.forward, backend="aot_eager")
+            assert torch.equal(compiled.generate(input_ids=ids, **options), expected)
+            torch._dynamo.reset()
+            with pytest.raises(Exception, match="int8 and bf16 decoder layers and LM head run eagerly outside"):
+                states = torch.randn(3, 7, 32)  # what the decoder's cross-attention reads, so the decoder is compiled
+                torch.compile(fast.decoder, backend="aot_eager", fullgraph=True)(ids, encoder_hidden_states=states)
+    finally:
+        torch._dynamo.reset()
+
+
 @pytest.mark.cpu_semantics
 @needs_onednn
 @torch.inference_mode()
