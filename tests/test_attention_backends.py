@@ -78,8 +78,9 @@ def test_sdpa_kernel_everywhere_else(minilm_path, tokenizer, rt_texts, sdpa_call
 def test_the_attention_layouts_gathered_gradient_is_index_selects(
     tokenizer, rt_texts, monkeypatch, bf16, norm_placement
 ):
-    """The attention layout's moves take their gradient by a gather (`_ToAttentionLayout`: each token's own position)
-    and a copy (`_FromAttentionLayout`) instead of `index_select`'s scatter-add: on real snippets of mixed lengths,
+    """The unpadded path's moves take their gradient by a gather (`_ToAttentionLayout`: each token's own position)
+    and a copy (`_GatherDistinctRows`: the attention layout's and the padded grid's real rows) instead of
+    `index_select`'s scatter-add: on real snippets of mixed lengths,
     with dropout drawn alike, every gradient equals the one autograd's own `index_select` backward gives, bit for bit
     (the repeated positions of the layout take exactly zero gradient)."""
     config = seqbert.SeqBertConfig(
@@ -103,6 +104,9 @@ def test_the_attention_layouts_gathered_gradient_is_index_selects(
         layout,
         "from_attention_layout",
         lambda self, x: x.reshape(-1, x.shape[-1]).index_select(0, self.attention_indices).unsqueeze(0),
+    )
+    monkeypatch.setattr(
+        layout, "unpad", lambda self, x: x.reshape(-1, *x.shape[2:]).index_select(0, self.indices).unsqueeze(0)
     )
     model.zero_grad()
     _, scattered = _step(model, batch, bf16)

@@ -456,6 +456,8 @@ class UnpaddedBatch:
         rows = padded.reshape(-1, *padded.shape[2:])  # (B * L, ...)
         if self.filler:
             rows = torch.cat([rows, rows.new_zeros(1, *rows.shape[1:])])  # position B * L: the filler's zeros
+        elif torch.is_grad_enabled() and rows.requires_grad:  # distinct positions: the gradient copied back
+            return _GatherDistinctRows.apply(rows, self.indices).unsqueeze(0)
         return rows.index_select(0, self.indices).unsqueeze(0)
 
     def pad(self, unpadded: torch.Tensor) -> torch.Tensor:
@@ -478,10 +480,10 @@ class UnpaddedBatch:
 
     def from_attention_layout(self, laid_out: torch.Tensor) -> torch.Tensor:
         """(S, L_max, ...) -> (1, T, ...): the real tokens' rows, in input order. Its gradient is copied to those rows
-        (`_FromAttentionLayout`)."""
+        (`_GatherDistinctRows`)."""
         rows = laid_out.reshape(-1, *laid_out.shape[2:])
         if torch.is_grad_enabled() and rows.requires_grad:
-            return _FromAttentionLayout.apply(rows, self.attention_indices).unsqueeze(0)
+            return _GatherDistinctRows.apply(rows, self.attention_indices).unsqueeze(0)
         return rows.index_select(0, self.attention_indices).unsqueeze(0)
 
 
@@ -508,11 +510,12 @@ class _ToAttentionLayout(torch.autograd.Function):
         return grad.index_select(0, own), None, None
 
 
-class _FromAttentionLayout(torch.autograd.Function):
+class _GatherDistinctRows(torch.autograd.Function):
     """
-    `rows.index_select(0, own)` (the attention layout's S x L_max rows -> the T real tokens' rows) whose backward
-    copies the gradient into zeros (`index_copy_`) instead of adding it (`index_add_`, a scatter, slower on a CPU): the
-    indices are distinct, so the result is the same, bit for bit. Our own shortcut (see `_ToAttentionLayout`).
+    `rows.index_select(0, own)` for distinct indices `own` (the attention layout's S x L_max rows -> the T real
+    tokens' rows; the padded grid's B x L rows -> the T real tokens') whose backward copies the gradient into zeros
+    (`index_copy_`) instead of adding it (`index_add_`, a scatter, slower on a CPU): the indices are distinct, so the
+    result is the same, bit for bit. Our own shortcut (see `_ToAttentionLayout`).
     """
 
     @staticmethod
