@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from unittest import mock
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from conftest import pinned_cpu_plan
 from transformers import BertLMHeadModel, EncoderDecoderModel
 
 import seqbert
-from seqbert.cpu_inference import bf16_linear_available, onednn_x86_operators_available
+from seqbert.cpu_inference import bf16_linear_available, onednn_x86_operators_available, optimized_decoder
 
 
 PRECISIONS = {"fp32": {}, "int8": {"int8": True}, "bf16": {"dtype": torch.bfloat16}}
@@ -132,7 +133,8 @@ def test_cached_decoding_static_cache_and_beam_reordering(precision, bert2bert, 
     """Cached decoding gives the logits of decoding the whole prefix again, within the precision's rounding (int8
     quantizes each call's rows from their own range); the static cache gives the dynamic cache's ids, greedy and beam
     4, for both models; and reordering only the self-attention cache between beam steps (the cross-attention cache
-    holds the same keys and values for every beam of a source) gives the ids and scores of reordering both."""
+    holds the same keys and values for every beam of a source) gives the ids and scores of reordering both, as
+    attending once per source for all its beams (`identical_row_groups`) gives those of attending per beam."""
     _, model = bert2bert
     fast = _copy(model, precision)
     step = dict(**IDS, max_new_tokens=6, min_new_tokens=6, output_logits=True, return_dict_in_generate=True)
@@ -143,10 +145,19 @@ def test_cached_decoding_static_cache_and_beam_reordering(precision, bert2bert, 
     assert _mean_delta(cached, full) < bound / 4 and (cached - full).abs().max() < 10 * bound
     beams = dict(**IDS, **EXACTLY, num_beams=3, output_scores=True, return_dict_in_generate=True)
     shortcut = fast.generate(**sources, **beams)
+    with mock.patch.object(optimized_decoder, "identical_row_groups", lambda *args: 1):  # each beam on its own rows
+        ungrouped = fast.generate(**sources, **beams)
+    assert torch.equal(shortcut.sequences, ungrouped.sequences)
+    assert torch.allclose(shortcut.sequences_scores, ungrouped.sequences_scores, rtol=1e-5, atol=1e-6)
     del fast._reorder_cache  # transformers' own: EncoderDecoderCache.reorder_cache, both caches
     both = fast.generate(**sources, **beams)
     assert torch.equal(shortcut.sequences, both.sequences)
     assert torch.equal(shortcut.sequences_scores, both.sequences_scores)
+    states = fast.get_encoder()(**sources).last_hidden_state  # 6 distinct sources, then each repeated per beam
+    mask = sources["attention_mask"][:, None, None].bool()
+    assert optimized_decoder.identical_row_groups(states, mask) == 1
+    repeated = (states.repeat_interleave(3, 0), mask.repeat_interleave(3, 0))
+    assert optimized_decoder.identical_row_groups(*repeated) == 3
     _, lm = bert_lm
     for generating, inputs, ids in ((fast, sources, IDS), (_copy(lm, precision), prompts, dict(pad_token_id=0))):
         for options in (dict(do_sample=False), dict(num_beams=3)):

@@ -101,7 +101,25 @@ def lm_head_linears(head: SeqBertLMHead, hidden_act: str) -> dict[str, tuple[lis
     return {"dense": ([head.dense], hidden_act, False), "vocabulary": ([head.decoder], None, False)}
 
 
-def _in_precision(attention: SeqBertAttention, query, key, value, attention_mask, **kwargs):
+# Where a cached cross-attention keeps `identical_row_groups` for each layer: {layer_idx: (groups, batch)}, an attribute
+# of the generate call's `EncoderDecoderCache`.
+_ROW_GROUPS = "seqbert_identical_row_groups"
+
+
+def identical_row_groups(states: torch.Tensor, attention_mask: torch.Tensor | None) -> int:
+    """The largest g > 1 dividing B for which every run of g consecutive rows of `states` (B, S, H), and of
+    `attention_mask` (B, ...) where given, is one row repeated, else 1: beam search repeats each source's encoder
+    output once per beam (`GenerationMixin._expand_inputs_for_generation`), so g is the number of beams there."""
+    batch = states.shape[0]
+    for groups in (g for g in range(batch, 1, -1) if batch % g == 0):
+        if not torch.equal(states[::groups].repeat_interleave(groups, dim=0), states):
+            continue
+        if attention_mask is None or torch.equal(attention_mask[::groups].repeat_interleave(groups, 0), attention_mask):
+            return groups
+    return 1
+
+
+def _in_precision(attention: SeqBertAttention, query, key, value, attention_mask, groups: int = 1, **kwargs):
     """`SeqBertAttention.merged_heads` of (B, N, L, D) queries and (B, N, S, D) keys and values -> the heads side by
     side (B, L, H) in the queries' dtype, and the weights where the implementation returns them; bf16 runs in fp32 on
     the bf16 projections unless it is sdpa with a boolean mask or none (as `_OptimizedSelfAttention.merged_heads`).
@@ -110,20 +128,41 @@ def _in_precision(attention: SeqBertAttention, query, key, value, attention_mask
     softmax(q Kᵀ · scaling + mask) V in two batched products, as `LengthGroups.attend` writes out short fp32 groups
     (our own choice for decoding: sdpa's CPU flash kernel costs more than the products for a single query; measured
     on the Zen 5 of docs/int8.md at 1 thread, 8 rows x 12 heads: 43 against 62 us at 24 keys, 114 against 142 us at
-    96; 32 rows, 128 keys: 742 against 1,023 us)."""
+    96; 32 rows, 128 keys: 742 against 1,023 us).
+
+    `groups` > 1 (cross-attention, `identical_row_groups`): each run of `groups` rows shares its keys, values and mask
+    (the beams of one source), so a decode step's single queries of those rows attend together as `groups` queries of
+    one row, on that row's keys and values (our own arrangement: beam search then reads each source's cross-attention
+    keys and values once a step, not once per beam; the same softmax per query)."""
     dtype = query.dtype
-    if query.shape[2] == 1 and dtype == torch.float32 and _sdpa_written_out_fits(attention, attention_mask):
-        scores = torch.matmul(query, key.transpose(-1, -2))  # (B, N, 1, S)
-        if attention_mask is None:
-            scores = scores.mul_(attention.scaling)
+    batch, heads_count, length, head_dim = query.shape
+    if groups > 1 and length == 1 and _sdpa_written_out_fits(attention, attention_mask):
+        query = query.reshape(batch // groups, groups, heads_count, head_dim).transpose(1, 2)  # (B/g, N, g, D)
+        key, value = key[::groups], value[::groups]  # (B/g, N, S, D), views
+        mask = None if attention_mask is None else attention_mask[::groups, :, :1]  # (B/g, 1, 1, S)
+        if dtype == torch.float32:
+            heads = _written_out(attention, query, key, value, mask)
         else:
-            scores = torch.add(additive_mask(attention_mask), scores, alpha=attention.scaling)
-        heads = torch.matmul(scores.softmax(-1), value)  # (B, N, 1, D)
-        return heads.transpose(1, 2).reshape(query.shape[0], 1, -1), None
+            heads = nn.functional.scaled_dot_product_attention(query, key, value, mask, scale=attention.scaling)
+        return heads.transpose(1, 2).reshape(batch, 1, -1), None  # (B, 1, H)
+    if length == 1 and dtype == torch.float32 and _sdpa_written_out_fits(attention, attention_mask):
+        heads = _written_out(attention, query, key, value, attention_mask)  # (B, N, 1, D)
+        return heads.transpose(1, 2).reshape(batch, 1, -1), None
     if dtype == torch.bfloat16 and not _bf16_attention_fits(attention, attention_mask):
         query, key, value = query.float(), key.float(), value.float()
     heads, weights = SeqBertAttention.merged_heads(attention, query, key, value, attention_mask, **kwargs)
     return heads.to(dtype), weights
+
+
+def _written_out(attention: SeqBertAttention, query, key, value, attention_mask) -> torch.Tensor:
+    """softmax(Q Kᵀ · scaling + mask) V for (B, N, L, D) queries, (B, N, S, D) keys and values and a boolean mask
+    broadcastable to (B, N, L, S), True where allowed, or None -> (B, N, L, D)."""
+    scores = torch.matmul(query, key.transpose(-1, -2))  # (B, N, L, S)
+    if attention_mask is None:
+        scores = scores.mul_(attention.scaling)
+    else:
+        scores = torch.add(additive_mask(attention_mask), scores, alpha=attention.scaling)
+    return torch.matmul(scores.softmax(-1), value)
 
 
 def _sdpa_written_out_fits(attention: SeqBertAttention, attention_mask: torch.Tensor | None) -> bool:
@@ -212,9 +251,12 @@ class _OptimizedCrossAttention(SeqBertCrossAttention):
         """The projected queries (B, L, H) -> the heads side by side (B, L, H), in their dtype, and the weights or
         None; the keys and values of `encoder_hidden_states` (B, S, H), fp32, computed here on the first step."""
         query = self._split_heads(query)  # (B, N, L, D)
+        groups = 1
         if past_key_values is not None and past_key_values.is_updated.get(self.layer_idx):
             cached = past_key_values.cross_attention_cache.layers[self.layer_idx]
             key, value = cached.keys, cached.values  # (B, N, S, D) each, computed on the first step
+            groups, batch = vars(past_key_values).get(_ROW_GROUPS, {}).get(self.layer_idx, (1, None))
+            groups = groups if batch == key.shape[0] else 1  # the cache's rows were selected since
         else:
             states = encoder_hidden_states.to(self._packed_kv.dtype)
             if hooked(self.key) or hooked(self.value):
@@ -225,7 +267,9 @@ class _OptimizedCrossAttention(SeqBertCrossAttention):
             if past_key_values is not None:
                 key, value = past_key_values.cross_attention_cache.update(key, value, self.layer_idx)
                 past_key_values.is_updated[self.layer_idx] = True
-        return _in_precision(self, query, key, value, attention_mask, **kwargs)
+                groups = identical_row_groups(encoder_hidden_states, attention_mask)
+                vars(past_key_values).setdefault(_ROW_GROUPS, {})[self.layer_idx] = (groups, key.shape[0])
+        return _in_precision(self, query, key, value, attention_mask, groups, **kwargs)
 
 
 class _OptimizedDecoderLayer(SeqBertDecoderLayer):
