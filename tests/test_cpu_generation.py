@@ -144,7 +144,11 @@ def test_cached_decoding_static_cache_and_beam_reordering(precision, bert2bert, 
     bound = {"fp32": 1e-4, "int8": 0.4, "bf16": 0.1}[precision]  # measured: 1e-6, 0.079 and 0.0 mean
     assert _mean_delta(cached, full) < bound / 4 and (cached - full).abs().max() < 10 * bound
     beams = dict(**IDS, **EXACTLY, num_beams=3, output_scores=True, return_dict_in_generate=True)
-    shortcut = fast.generate(**sources, **beams)
+    cross = fast.decoder.layers[0].cross_attention
+    counted = mock.Mock(wraps=cross._packed_kv, dtype=cross._packed_kv.dtype)
+    with mock.patch.object(cross, "_packed_kv", counted) as keys_and_values:
+        shortcut = fast.generate(**sources, **beams)
+    assert keys_and_values.call_count == 1  # the encoder output's keys and values, once per generate
     with mock.patch.object(optimized_decoder, "identical_row_groups", lambda *args: 1):  # each beam on its own rows
         ungrouped = fast.generate(**sources, **beams)
     assert torch.equal(shortcut.sequences, ungrouped.sequences)
