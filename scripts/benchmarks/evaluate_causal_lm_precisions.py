@@ -5,9 +5,8 @@ trained `--steps` steps on Rotten Tomatoes text (`seqbert.data.load_rotten_tomat
 the held-out split in fp32 (the model), and as `seqbert.optimize_for_cpu_inference` copies in fp32, int8 and bf16:
 perplexity on the held-out blocks (exp of the mean next-token cross-entropy over every predicted token), each
 precision's ratio to the model's, and how many of the model's greedy tokens each copy generates at the same place
-(`--num_prompts` held-out snippets cut to their first 8 tokens, `--new_tokens` generated).
-
-Offline, about 4 minutes on 2 CPU cores (2026-11-29):
+(`--num_prompts` held-out snippets cut to their first 8 tokens, `--new_tokens` generated). Offline, about 4 minutes on 2
+CPU cores (2026-11-29):
 
     python scripts/benchmarks/evaluate_causal_lm_precisions.py --json_file docs/results/causal_lm_precisions.json
 """
