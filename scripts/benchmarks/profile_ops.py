@@ -10,8 +10,9 @@ workloads where `benchmark.py` finds seqbert behind (or where its target is not 
   int8=True)` next to onnxruntime's dynamic int8 of the fused graph (its own profiler, `enable_profiling`);
 - `int8_real_length`: int8 forwards of MiniLM-L6 (real weights) and a seeded bert-base-width model with 4 layers on
   4 real-length batches (32 Rotten Tomatoes snippets), at each of `--thread_counts`: `optimize_for_cpu_inference(model,
-  int8=True)` op by op (`torch.profiler`), and its wall time beside CTranslate2's int8 `Encoder` on the same batches,
-  interleaved (CTranslate2's Python API has no per-op profiler: its total only);
+  int8=True)` op by op (`torch.profiler`), and its wall time beside CTranslate2's int8 `Encoder` on the same batches
+  (CTranslate2's Python API has no per-op profiler: its total only; timed after every seqbert measurement, not
+  interleaved, see `int8_real_length`);
 - `training`: bert-base-size training steps (4 real-length batches, `Trainer`'s default fused AdamW), fp32 and under
   `torch.autocast("cpu", dtype=torch.bfloat16)` as `Trainer --bf16` runs on a CPU, seqbert next to transformers'
   `BertForSequenceClassification` on the same weights: wall time of the forward, the backward and the optimizer
@@ -178,38 +179,41 @@ def long_inputs(threads: int, tmp: str) -> dict:
 
 
 def int8_real_length(tmp: str, thread_counts: list[int], repeats: int) -> dict:
-    """seqbert's int8 (op groups and wall time) beside CTranslate2's int8 (wall time), per model and thread count."""
+    """seqbert's int8 (op groups and wall time) beside CTranslate2's int8 (wall time), per model and thread count.
+
+    Not interleaved: every seqbert measurement comes first, before CTranslate2 is loaded, because CTranslate2's copy
+    of OpenMP shares torch's runtime and leaves it throttling its threads' spinning for the rest of the process (seen
+    here: seqbert's wall time twice its profiled op time once CTranslate2 had run; `benchmark.py` orders its rows for
+    the same reason, and `benchmark_threads.py` gives each engine processes of its own)."""
     tokenizer = AutoTokenizer.from_pretrained(minilm_checkpoint_path())
     batches = benchmark.real_length_batches(tokenizer, 4)
     inputs = [{name: b[name] for name in benchmark_engines.ONNX_INPUTS} for b in batches]
     _, base_4_layers, _ = benchmark.bert_base_folders(tmp)
     tokenizer.save_pretrained(base_4_layers)  # CTranslate2's converter reads the vocabulary from the folder
     models = {"MiniLM-L6": str(minilm_checkpoint_path()), "bert-base width, 4 layers": base_4_layers}
+    settings = [(name, threads) for name in models for threads in thread_counts]
+    label = {(name, threads): f"{name}, {threads} thread{'s' if threads > 1 else ''}" for name, threads in settings}
     results, threads_before = {}, torch.get_num_threads()
-    for index, (name, folder) in enumerate(models.items()):
+    for name, folder in models.items():
         model = seqbert.SeqBertModel.from_bert_pretrained(folder).eval()
-        converted = benchmark_engines.convert_ctranslate2(folder, Path(tmp) / f"model_{index}", "int8")
         for threads in thread_counts:
             torch.set_num_threads(threads)
             int8 = seqbert.optimize_for_cpu_inference(model, int8=True)
-            engine = benchmark_engines.ctranslate2_engine(converted, "int8", threads)
-            calls = [engine.prepare(batch) for batch in batches]
             with torch.inference_mode():
                 groups = torch_groups(lambda int8=int8: [int8(**b) for b in inputs])
-                times = interleave(
-                    {
-                        "seqbert_int8": lambda int8=int8: [int8(**b) for b in inputs],
-                        "ctranslate2_int8": lambda calls=calls: [call() for call in calls],
-                    },
-                    repeats,
-                )
-            summaries = {label: median_and_spread(values) for label, values in times.items()}
-            results[f"{name}, {threads} thread{'s' if threads > 1 else ''}"] = {
-                "seqbert_int8": groups,
-                "wall": summaries,
-                "seqbert_over_ctranslate2": summaries["ctranslate2_int8"]["seconds"]
-                / summaries["seqbert_int8"]["seconds"],
-            }
+                times = interleave({"seqbert_int8": lambda int8=int8: [int8(**b) for b in inputs]}, repeats)
+            results[label[name, threads]] = {"seqbert_int8": groups, "wall": {"seqbert_int8": times["seqbert_int8"]}}
+    for index, (name, folder) in enumerate(models.items()):  # CTranslate2 last (see above)
+        converted = benchmark_engines.convert_ctranslate2(folder, Path(tmp) / f"model_{index}", "int8")
+        for threads in thread_counts:
+            engine = benchmark_engines.ctranslate2_engine(converted, "int8", threads)
+            calls = [engine.prepare(batch) for batch in batches]
+            times = interleave({"ctranslate2_int8": lambda calls=calls: [call() for call in calls]}, repeats)
+            result = results[label[name, threads]]
+            result["wall"]["ctranslate2_int8"] = times["ctranslate2_int8"]
+            result["wall"] = {engine: median_and_spread(values) for engine, values in result["wall"].items()}
+            wall = result["wall"]
+            result["seqbert_over_ctranslate2"] = wall["ctranslate2_int8"]["seconds"] / wall["seqbert_int8"]["seconds"]
     torch.set_num_threads(threads_before)
     return results
 
