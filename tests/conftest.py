@@ -252,6 +252,19 @@ def tiny_config(**overrides) -> seqbert.SeqBertConfig:
     return seqbert.SeqBertConfig(**{**TINY, **overrides})
 
 
+def tiny_bert_vocab_config(**overrides) -> seqbert.SeqBertConfig:
+    """`tiny_config` with BERT's vocabulary (the real snippets' tokenizer), 128 learned positions, pad id 0 and no
+    dropout: the route's tests on real text."""
+    settings = dict(
+        vocab_size=30522,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    return tiny_config(**(settings | overrides))
+
+
 @pytest.fixture(params=VARIANTS, ids=variant_id)
 def variant_config(request) -> seqbert.SeqBertConfig:
     return tiny_config(**request.param)

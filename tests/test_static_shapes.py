@@ -25,7 +25,7 @@ from unittest import mock
 
 import pytest
 import torch
-from conftest import RecordingBackend, host_reads, tiny_config
+from conftest import RecordingBackend, host_reads, tiny_bert_vocab_config
 from transformers import (
     BertForMaskedLM,
     BertForMultipleChoice,
@@ -52,18 +52,6 @@ GRADIENT_TOLERANCE = 1e-4  # relative to the largest gradient of each parameter
 GRADIENT_FLOOR = (
     1e-7  # absolute: a key bias and the span bias have zero gradients in exact arithmetic (a softmax shift)
 )
-
-
-def _config(**overrides) -> seqbert.SeqBertConfig:
-    """BERT's vocabulary (the snippets' tokenizer), 2 layers of 32, no dropout."""
-    settings = dict(
-        vocab_size=30522,
-        max_position_embeddings=128,
-        pad_token_id=0,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    return tiny_config(**(settings | overrides))
 
 
 def _pair(model_class, config):
@@ -340,7 +328,7 @@ def test_the_encoder_is_berts(minilm_path, tokenizer, features):
 def test_the_collator_leaves_a_model_without_a_problem_type_as_it_was(tokenizer, features):
     """The collator reads the config (its checks follow the problem type the loss would infer) and writes nothing:
     the model infers the problem type at its first loss, as BERT does."""
-    model = _pair(seqbert.SeqBertForSequenceClassification, _config(num_labels=3))
+    model = _pair(seqbert.SeqBertForSequenceClassification, tiny_bert_vocab_config(num_labels=3))
     before = model.config.to_dict()
     batch = StaticShapeCollator(tokenizer, model, max_length=MAX_LENGTH)([{**f, "label": 1} for f in features])
     assert model.config.to_dict() == before and model.config.problem_type is None
@@ -351,7 +339,7 @@ def test_the_collator_leaves_a_model_without_a_problem_type_as_it_was(tokenizer,
 def test_a_static_batch_reads_the_host_once_eagerly_and_not_at_all_unvalidated(tokenizer, features):
     """Eagerly, the forward and backward of a static batch read the host once (the layout validated with the input
     checks, `StaticLayoutMatches`); with `validate_static_layout=False` they never call `read_on_host`, as compiled."""
-    model = _pair(seqbert.SeqBertForSequenceClassification, _config(num_labels=2))
+    model = _pair(seqbert.SeqBertForSequenceClassification, tiny_bert_vocab_config(num_labels=2))
     batch = StaticShapeCollator(tokenizer, model, max_length=MAX_LENGTH)([{**f, "label": 1} for f in features])
     for validate, reads in ((True, 1), (False, 0)):
         with mock.patch.object(attention_backends, "read_on_host", wraps=attention_backends.read_on_host) as read:
@@ -404,7 +392,9 @@ def test_the_ladder_grows_geometrically():
 
 
 def test_an_epoch_takes_at_most_the_ladders_shapes(tokenizer, main_job_epoch):
-    collator = StaticShapeCollator(tokenizer, _config(num_labels=2), max_length=MAIN_JOB_LENGTH, batch_size=BATCH)
+    collator = StaticShapeCollator(
+        tokenizer, tiny_bert_vocab_config(num_labels=2), max_length=MAIN_JOB_LENGTH, batch_size=BATCH
+    )
     ladder = {(bucket.tokens, bucket.sequences) for bucket in collator.ladder(BATCH)}
     batches = [collator(batch) for batch in main_job_epoch]
     shapes = [_shape(batch) for batch in batches]
@@ -447,7 +437,7 @@ def compiled_epoch(tokenizer, main_job_epoch):
     step's cost) whose training step (forward, loss, backward) is compiled with `fullgraph=True, dynamic=False`
     (AOTAutograd traces the backward; `aot_eager` runs the traced graphs without generating code). Its problem type
     is set, as the route's recipe sets it: a model that infers it at its first loss compiles once more."""
-    config = _config(num_labels=2, num_attention_heads=1, problem_type="single_label_classification")
+    config = tiny_bert_vocab_config(num_labels=2, num_attention_heads=1, problem_type="single_label_classification")
     model = _pair(seqbert.SeqBertForSequenceClassification, config)
     collator = StaticShapeCollator(tokenizer, model, max_length=MAIN_JOB_LENGTH, batch_size=BATCH)
     batches = [collator(batch) for batch in main_job_epoch]
@@ -523,7 +513,8 @@ def test_the_cuda_branch_compiles_in_one_graph_per_shape(compiled_epoch, tokeniz
     first_of_each = {_shape(batch): batch for batch in reversed(batches)}
     batches = list(first_of_each.values())[:2]
     model = _pair(
-        seqbert.SeqBertForSequenceClassification, _config(num_labels=2, problem_type="single_label_classification")
+        seqbert.SeqBertForSequenceClassification,
+        tiny_bert_vocab_config(num_labels=2, problem_type="single_label_classification"),
     )
     backend = RecordingBackend()
     forward = torch.compile(model, fullgraph=True, dynamic=False, backend=backend)
@@ -555,7 +546,7 @@ def test_the_cuda_branch_compiles_in_one_graph_per_shape(compiled_epoch, tokeniz
 def test_a_batch_beyond_the_ladder_runs_eagerly_with_one_warning(tokenizer, features):
     """Snippets longer than `max_length`: padded as usual, marked `static_layout=False`, one warning for two such
     batches; a compiled model runs them outside its graph (no graph holds an op), with the eager model's outputs."""
-    model = _pair(seqbert.SeqBertForSequenceClassification, _config(num_labels=2)).eval()
+    model = _pair(seqbert.SeqBertForSequenceClassification, tiny_bert_vocab_config(num_labels=2)).eval()
     examples = [{**f, "label": 1} for f in features]
     collator = StaticShapeCollator(tokenizer, model, max_length=16)
     with warnings.catch_warnings(record=True) as caught:
@@ -573,7 +564,7 @@ def test_a_batch_beyond_the_ladder_runs_eagerly_with_one_warning(tokenizer, feat
 
 def test_examples_padded_up_to_max_length_are_taken_as_they_are(tokenizer, features):
     """Examples tokenized with `padding="max_length"` (as run_qa.py does) give the batch of the unpadded ones."""
-    model = _pair(seqbert.SeqBertForSequenceClassification, _config(num_labels=2))
+    model = _pair(seqbert.SeqBertForSequenceClassification, tiny_bert_vocab_config(num_labels=2))
     collator = StaticShapeCollator(tokenizer, model, max_length=MAX_LENGTH)
     texts = [tokenizer.decode(f["input_ids"][1:-1]) for f in features[:4]]
     padded = [dict(tokenizer(t, padding="max_length", max_length=MAX_LENGTH)) | {"label": 0} for t in texts]
@@ -585,7 +576,7 @@ def test_examples_padded_up_to_max_length_are_taken_as_they_are(tokenizer, featu
 
 
 def test_the_collator_raises_what_the_forward_raises(tokenizer, features):
-    model = _pair(seqbert.SeqBertForSequenceClassification, _config(num_labels=2))
+    model = _pair(seqbert.SeqBertForSequenceClassification, tiny_bert_vocab_config(num_labels=2))
     collator = StaticShapeCollator(tokenizer, model, max_length=MAX_LENGTH)
     with pytest.raises(ValueError, match=r"labels holds 7 at index \(1,\); allowed: \[0, num_labels=2\) or -100"):
         collator([{**features[0], "label": 0}, {**features[1], "label": 7}])
@@ -602,7 +593,7 @@ def test_the_collator_raises_what_the_forward_raises(tokenizer, features):
 
 
 def test_the_forward_refuses_an_incomplete_static_batch(tokenizer, features):
-    model = _pair(seqbert.SeqBertModel, _config())
+    model = _pair(seqbert.SeqBertModel, tiny_bert_vocab_config())
     batch = StaticShapeCollator(tokenizer, model.config, max_length=MAX_LENGTH)(features)
     with pytest.raises(ValueError, match="static_layout=True needs indices, cu_seqlens and max_seqlen.*max_seqlen mis"):
         model(**{k: v for k, v in batch.items() if k != "max_seqlen"})
@@ -612,7 +603,7 @@ def test_the_forward_refuses_an_incomplete_static_batch(tokenizer, features):
         model(**(batch | {"indices": batch["indices"].int()}))
     with pytest.raises(TypeError, match="max_seqlen must be an int"):
         model(**(batch | {"max_seqlen": torch.tensor(64)}))
-    mlm = _pair(seqbert.SeqBertForMaskedLM, _config(sparse_prediction=True))
+    mlm = _pair(seqbert.SeqBertForMaskedLM, tiny_bert_vocab_config(sparse_prediction=True))
     labels = batch["input_ids"].masked_fill(batch["input_ids"] != 101, -100)
     with pytest.raises(ValueError, match="needs max_predictions"):
         mlm(**batch, labels=labels)
@@ -621,7 +612,7 @@ def test_the_forward_refuses_an_incomplete_static_batch(tokenizer, features):
 def test_buckets_hold_their_fill(tokenizer):
     """Every bucket has room for the filler sequences its largest fill needs, and the chosen bucket is the smallest
     that holds the batch."""
-    collator = StaticShapeCollator(tokenizer, _config(), max_length=32, batch_size=4)
+    collator = StaticShapeCollator(tokenizer, tiny_bert_vocab_config(), max_length=32, batch_size=4)
     ladder = collator.ladder(4)
     previous = 0
     for bucket in ladder:

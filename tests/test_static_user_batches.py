@@ -11,7 +11,7 @@ one, and a batch padded on the left is refused in one line.
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import tiny_bert_vocab_config
 from transformers import (
     AutoTokenizer,
     DataCollatorForMultipleChoice,
@@ -31,17 +31,6 @@ MAX_LENGTH = 64
 TOLERANCE = 1e-5
 GRADIENT_TOLERANCE = 1e-5  # relative to each parameter's largest gradient
 GRADIENT_FLOOR = 1e-7  # a key bias and the span bias have zero gradients in exact arithmetic
-
-
-def _config(**overrides) -> seqbert.SeqBertConfig:
-    settings = dict(
-        vocab_size=30522,
-        max_position_embeddings=128,
-        pad_token_id=0,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    return tiny_config(**(settings | overrides))
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +86,7 @@ TASKS = {
 def _model(task: str, norm_placement: str = "post"):
     model_class, overrides = TASKS[task]
     torch.manual_seed(0)
-    return model_class(_config(norm_placement=norm_placement, **overrides)).train()
+    return model_class(tiny_bert_vocab_config(norm_placement=norm_placement, **overrides)).train()
 
 
 def _padded(tokenizer, task: str, examples: list[dict]) -> dict:

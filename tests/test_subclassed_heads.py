@@ -9,7 +9,7 @@ on the padded batch and, for the heads `StaticShapeCollator` lays out, through t
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import tiny_bert_vocab_config
 from transformers import DataCollatorForMultipleChoice, DataCollatorForTokenClassification, DataCollatorWithPadding
 from transformers.loss.loss_utils import LOSS_MAPPING
 
@@ -19,18 +19,6 @@ from seqbert.static_shapes import StaticShapeCollator
 
 SNIPPETS = 6
 MAX_LENGTH = 48
-
-
-def _config(**overrides) -> seqbert.SeqBertConfig:
-    """BERT's vocabulary (the snippets' tokenizer), 2 layers of 32, no dropout (so that the two runs are comparable)."""
-    settings = dict(
-        vocab_size=30522,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    return tiny_config(**(settings | overrides))
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +123,7 @@ def _padded_batch(tokenizer, name: str, examples: list[dict]) -> dict:
 @pytest.mark.parametrize("name", list(ENCODER_HEADS))
 def test_a_subclassed_encoder_head_keeps_its_loss(tokenizer, features, name):
     head_class, overrides = ENCODER_HEADS[name]
-    base, mine = _base_and_subclass(head_class, _config(**overrides))
+    base, mine = _base_and_subclass(head_class, tiny_bert_vocab_config(**overrides))
     assert mine.loss_type == base.loss_type and mine.head_loss_type == base.head_loss_type
     examples = _examples(name, features)
     padded = _padded_batch(tokenizer, name, examples)
@@ -154,7 +142,7 @@ def test_a_subclassed_encoder_head_keeps_its_loss(tokenizer, features, name):
 def test_a_subclassed_causal_lm_keeps_its_shifted_loss(tokenizer, features):
     """The causal LM was the silent case: `Mine`'s loss took the unshifted labels (10.2988 against 10.2945 in the
     report)."""
-    base, mine = _base_and_subclass(seqbert.SeqBertForCausalLM, _config(is_decoder=True))
+    base, mine = _base_and_subclass(seqbert.SeqBertForCausalLM, tiny_bert_vocab_config(is_decoder=True))
     batch = dict(DataCollatorWithPadding(tokenizer)(features))
     batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
     _check_equal(base, mine, batch, batch)
@@ -162,7 +150,8 @@ def test_a_subclassed_causal_lm_keeps_its_shifted_loss(tokenizer, features):
 
 def test_a_subclassed_seq2seq_model_keeps_its_loss(tokenizer, features):
     base, mine = _base_and_subclass(
-        seqbert.SeqBertForConditionalGeneration, _config(is_encoder_decoder=True, decoder_start_token_id=101)
+        seqbert.SeqBertForConditionalGeneration,
+        tiny_bert_vocab_config(is_encoder_decoder=True, decoder_start_token_id=101),
     )
     sources = dict(DataCollatorWithPadding(tokenizer)(features[:3]))
     targets = dict(DataCollatorWithPadding(tokenizer)(features[3:]))
@@ -175,8 +164,8 @@ def test_a_subclass_named_like_another_head_keeps_its_own_heads_loss(tokenizer, 
     """The loss follows the class a model derives from, not its name: a question-answering head called
     `MyForCausalLM` (transformers would take the causal LM's loss by the name) keeps the span loss."""
     torch.manual_seed(0)
-    base = seqbert.SeqBertForQuestionAnswering(_config()).train()
-    misnamed = type("MyForCausalLM", (seqbert.SeqBertForQuestionAnswering,), {})(_config()).train()
+    base = seqbert.SeqBertForQuestionAnswering(tiny_bert_vocab_config()).train()
+    misnamed = type("MyForCausalLM", (seqbert.SeqBertForQuestionAnswering,), {})(tiny_bert_vocab_config()).train()
     misnamed.load_state_dict(base.state_dict())
     assert misnamed.loss_type == "ForQuestionAnswering"
     batch = dict(DataCollatorWithPadding(tokenizer)(_examples("qa", features)))
