@@ -59,6 +59,7 @@ from .optimized_layers import (
     _bf16_attention_fits,
     _block_hooked,
     _disabled,
+    _feed_forward,
     _OptimizedLayer,
     _OptimizedLinear,
     _OptimizedMLP,
@@ -338,14 +339,7 @@ class _OptimizedDecoderLayer(SeqBertDecoderLayer):
             x = packed["cross_out_proj"](heads, residual=x)
         if not pre_norm:
             x = self.cross_attention_norm(x)
-        normed = self.mlp_norm(x) if pre_norm else x
-        if _block_hooked(self.mlp):
-            x = x + self.mlp(normed)
-        else:
-            x = packed["down_proj"](packed["up_proj"](normed), residual=x)
-        if not pre_norm:
-            x = self.mlp_norm(x)
-        return x.to(hidden_states.dtype)
+        return _feed_forward(self, packed, x, pre_norm).to(hidden_states.dtype)
 
 
 class _OptimizedCausalLayer(_OptimizedLayer):

@@ -309,14 +309,20 @@ class _OptimizedLayer(SeqBertLayer):
             x = packed["out_proj"](heads, residual=x)
         if not pre_norm:
             x = self.attention_norm(x)
-        normed = self.mlp_norm(x) if pre_norm else x
-        if _block_hooked(self.mlp):
-            x = x + self.mlp(normed)
-        else:
-            x = packed["down_proj"](packed["up_proj"](normed), residual=x)
-        if not pre_norm:
-            x = self.mlp_norm(x)
-        return x.to(hidden_states.dtype)
+        return _feed_forward(self, packed, x, pre_norm).to(hidden_states.dtype)
+
+
+def _feed_forward(layer: nn.Module, packed: dict, x: torch.Tensor, pre_norm: bool) -> torch.Tensor:
+    """A layer's feed-forward block on `x` (the residual stream after attention), as its eager block computes it:
+    `mlp_norm` before (pre-LN) or after (post-LN), the packed up and down projections with the residual added inside
+    the second, or the layer's own `mlp` module where a hook watches it. Shared by the encoder's and the decoders'
+    optimized layers."""
+    normed = layer.mlp_norm(x) if pre_norm else x
+    if _block_hooked(layer.mlp):
+        x = x + layer.mlp(normed)
+    else:
+        x = packed["down_proj"](packed["up_proj"](normed), residual=x)
+    return x if pre_norm else layer.mlp_norm(x)
 
 
 def _disabled(reason: str):
