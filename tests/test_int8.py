@@ -4,6 +4,7 @@ script that measures what int8 costs a fine-tuned classifier."""
 
 import json
 import os
+from unittest import mock
 
 import evaluate_int8  # noqa: E402
 import pytest
@@ -13,12 +14,14 @@ from transformers import BertForSequenceClassification
 import seqbert
 from seqbert.cpu_inference import (
     INT8_CALL_FORMS,
+    INT8_GEMM_FORM,
     CpuInferencePlan,
     PackedLinear,
     bf16_linear_available,
     capabilities,
     int8_products_saturate,
     int8_weight_levels,
+    linear_kernels,
     onednn_x86_operators_available,
     quantize_per_tensor_uint8,
 )
@@ -120,6 +123,51 @@ def test_int8_linear_is_the_dequantized_product(real_activations):
         assert (got - fp32).abs().max() <= 0.05 * fp32.abs().max(), form
 
 
+@pytest.mark.cpu_semantics
+@needs_onednn
+def test_small_int8_products_are_the_same_dequantized_product(real_activations, monkeypatch):
+    """A decode step's few rows (`small_products`, at most `SMALL_INT8_PRODUCT` outputs) go through oneDNN's s8 x s8
+    gemm (`torch._int_mm`) with the bias and post-op or residual added after: in every call form, the exact product
+    of the same dequantized operands, as oneDNN's int8 linear gives it for the same rows, on every x86 CPU (here with
+    the 8-bit or 7-bit weights the form gets; the capped run in tests/test_cpu_semantics.py holds oneDNN to AVX2,
+    where the gemm saturates too and 7-bit weights keep it exact). Larger products stay on oneDNN's int8 linear."""
+    gemm = mock.Mock(wraps=torch._int_mm)
+    monkeypatch.setattr(torch, "_int_mm", gemm)
+    for form, (linear, x, options, residual, post_op) in _call_forms(real_activations).items():
+        rows = 8  # a greedy step of 8 sources: 8 x 1,536 outputs at most
+        x, residual = x[:rows], None if residual is None else residual[:rows]
+        small = PackedLinear([linear], int8=True, small_products=True, **options)
+        levels = small.weight_levels
+        assert small.small_products and levels == min(int8_weight_levels(form), int8_weight_levels(INT8_GEMM_FORM))
+        plain = PackedLinear([linear], int8=True, weight_levels=levels, **options)
+        calls = gemm.call_count
+        got = small(x) if residual is None else small(x, residual=residual)
+        assert gemm.call_count == calls + 1, form
+        oneDNN = plain(x) if residual is None else plain(x, residual=residual)
+        assert gemm.call_count == calls + 1, form
+        product = _exact_product(linear, x, levels)
+        expected = post_op(product) if residual is None else product + residual.double()
+        assert (got.double() - expected).abs().max() <= 1e-5 * expected.abs().max(), form
+        assert (got - oneDNN).abs().max() <= 1e-5 * oneDNN.abs().max(), form
+    many = real_activations[1]["up"]  # hundreds of rows x 1,536 outputs: oneDNN's int8 linear
+    assert many.shape[0] * 1536 > linear_kernels.SMALL_INT8_PRODUCT
+    calls = gemm.call_count
+    PackedLinear([real_activations[0].encoder.layers[0].mlp.up_proj], int8=True, small_products=True)(many)
+    assert gemm.call_count == calls
+
+
+@needs_onednn
+def test_small_int8_products_stay_on_onednn_where_only_the_gemm_saturates(minilm_path, monkeypatch):
+    """Where oneDNN's s8 x s8 gemm saturates and its int8 linear does not, a layer keeps its 8-bit weights and every
+    product on the int8 linear, rather than losing a bit of every weight for the small products' speed."""
+    monkeypatch.setattr(capabilities, "int8_products_saturate", lambda form=None: form == INT8_GEMM_FORM)
+    linear = seqbert.SeqBertModel.from_bert_pretrained(minilm_path).encoder.layers[0].mlp.up_proj
+    packed = PackedLinear([linear], int8=True, small_products=True)
+    assert packed.weight_levels == 127 and not packed.small_products
+    with mock.patch.object(torch, "_int_mm", side_effect=AssertionError("the gemm was called")):
+        packed(torch.randn(2, 384))
+
+
 def _cpu_flags() -> set[str]:
     """The CPU's feature flags as the kernel reports them (Linux), independently of torch and oneDNN."""
     for line in open("/proc/cpuinfo").read().splitlines():
@@ -143,6 +191,8 @@ def test_saturation_probe_follows_the_instructions_onednn_may_use(real_activatio
     expected = not has_vnni or cap in ("AVX2", "AVX512_CORE")
     assert {form: int8_products_saturate(form) for form in INT8_CALL_FORMS} == dict.fromkeys(INT8_CALL_FORMS, expected)
     assert int8_products_saturate() == expected
+    if expected or "avx512_vnni" in _cpu_flags():  # on AVX-VNNI alone oneDNN's gemm may or may not use it
+        assert int8_products_saturate(INT8_GEMM_FORM) == expected
     if not expected:
         return
     model, seen = real_activations

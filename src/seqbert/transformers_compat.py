@@ -16,6 +16,7 @@ Like the modeling file, which imports it relatively, it is copied into saved mod
 users, so it depends only on torch and transformers.
 """
 
+import functools
 import inspect
 import warnings
 from collections.abc import Callable
@@ -56,10 +57,16 @@ def either_cache(past_key_values: Cache | None, cache: Cache | None) -> Cache | 
     return past_key_values if cache is None else cache
 
 
+@functools.cache
+def _parameters(function: Callable) -> frozenset[str]:
+    """The names of `function`'s parameters (read once per function: a decoder builds its masks every step)."""
+    return frozenset(inspect.signature(function).parameters)
+
+
 def mask_arguments(function: Callable, inputs_embeds: torch.Tensor, past_length: int = 0, **kwargs) -> dict:
     """Keyword arguments for a `masking_utils` mask builder of the installed transformers (see the module
     docstring)."""
-    parameters = inspect.signature(function).parameters
+    parameters = _parameters(function)
     kwargs["inputs_embeds" if "inputs_embeds" in parameters else "input_embeds"] = inputs_embeds
     if "past_key_values" in kwargs and "cache" in parameters:
         kwargs["cache"] = kwargs.pop("past_key_values")

@@ -34,6 +34,7 @@ Every name this module had before it was split stays importable from here.
 
 from .capabilities import (
     INT8_CALL_FORMS,
+    INT8_GEMM_FORM,
     UnsupportedCpuError,
     aten_dispatches_avx2_or_better,
     bf16_instructions_available,
@@ -48,7 +49,13 @@ from .capabilities import (
     usable_cpus,
 )
 from .length_groups import ATTENTION_MODES, LENGTH_GROUPS, LengthGroups
-from .linear_kernels import LINEAR_KERNELS, ONEDNN_ACTIVATIONS, PackedLinear, quantize_per_tensor_uint8
+from .linear_kernels import (
+    LINEAR_KERNELS,
+    ONEDNN_ACTIVATIONS,
+    SMALL_INT8_PRODUCT,
+    PackedLinear,
+    quantize_per_tensor_uint8,
+)
 from .optimized_layers import ROLES
 from .optimized_model import optimize_for_cpu_inference
 from .plans import (
@@ -72,6 +79,7 @@ __all__ = [
     "ATTENTION_MODES",
     "DEFAULT_PLANS",
     "INT8_CALL_FORMS",
+    "INT8_GEMM_FORM",
     "LENGTH_GROUPS",
     "LINEAR_KERNELS",
     "MARGIN",
@@ -79,6 +87,7 @@ __all__ = [
     "MIN_CPU_SHARE",
     "ONEDNN_ACTIVATIONS",
     "ROLES",
+    "SMALL_INT8_PRODUCT",
     "CpuInferencePlan",
     "LengthGroups",
     "PackedLinear",

@@ -86,6 +86,10 @@ INT8_CALL_FORMS = {
     "add": ("add", ""),
 }
 
+# The form in which seqbert calls oneDNN's s8 x s8 -> s32 gemm (`torch._int_mm`): the int8 kernel of small products
+# (`linear_kernels.SMALL_INT8_PRODUCT`), its input the uint8 activations less 128, its output the exact int32 sums.
+INT8_GEMM_FORM = "int_mm"
+
 # The probe's shapes (rows, depth, features): depth x 254 x 127 < 2^24, so the exact sums are exact in fp32 too.
 _PROBE_SHAPES = ((1, 64, 16), (16, 256, 64), (128, 512, 96))
 
@@ -94,7 +98,8 @@ _PROBE_SHAPES = ((1, 64, 16), (16, 256, 64), (128, 512, 96))
 def int8_products_saturate(form: str | None = None) -> bool:
     """
     Whether oneDNN's u8 x s8 products on this CPU add pairs of products in saturating int16 before the int32 sum, in
-    the call form `form` (one of `INT8_CALL_FORMS`), or in any of them (`form=None`).
+    the call form `form` (one of `INT8_CALL_FORMS`, or `INT8_GEMM_FORM`, its s8 x s8 gemm, which shifts the
+    activations to u8 by 128 inside), or in any of the `INT8_CALL_FORMS` (`form=None`).
 
     Without VNNI (AVX2 CPUs such as AMD Zen 3 and Intel before Ice Lake server / Alder Lake; AVX-512 CPUs before
     Cascade Lake; any CPU under `ONEDNN_MAX_CPU_ISA=AVX2`), oneDNN multiplies u8 by s8 with `vpmaddubsw`, which sums
@@ -108,14 +113,16 @@ def int8_products_saturate(form: str | None = None) -> bool:
     (saturation halves it). Once per process and form (about 5 ms each).
 
     Raises:
-        ValueError: `form` is not one of `INT8_CALL_FORMS`.
+        ValueError: `form` is not one of `INT8_CALL_FORMS` nor `INT8_GEMM_FORM`.
     """
     if form is None:
         return any(int8_products_saturate(name) for name in INT8_CALL_FORMS)
-    if form not in INT8_CALL_FORMS:
-        raise ValueError(f"form ({form!r}) must be one of {list(INT8_CALL_FORMS)} or None")
+    if form not in INT8_CALL_FORMS and form != INT8_GEMM_FORM:
+        raise ValueError(f"form ({form!r}) must be one of {[*INT8_CALL_FORMS, INT8_GEMM_FORM]} or None")
     if not onednn_x86_operators_available():
         return False
+    if form == INT8_GEMM_FORM:
+        return _gemm_products_saturate()
     post_op, algorithm = INT8_CALL_FORMS[form]
     for rows, depth, features in _PROBE_SHAPES:
         activations = torch.full((rows, depth), 254, dtype=torch.uint8)
@@ -138,12 +145,25 @@ def int8_products_saturate(form: str | None = None) -> bool:
     return False
 
 
+def _gemm_products_saturate() -> bool:
+    """`int8_products_saturate(INT8_GEMM_FORM)`: `torch._int_mm` of activations at both ends of what seqbert hands it
+    (126 and -128, the uint8 activations 254 and 0 less 128; a row of each) by weights of 127, at the probe's shapes,
+    against the exact int32 sums."""
+    for rows, depth, features in _PROBE_SHAPES:
+        activations = torch.full((rows + 1, depth), 126, dtype=torch.int8)
+        activations[1::2] = -128
+        weight = torch.full((depth, features), 127, dtype=torch.int8)
+        if not torch.equal(torch._int_mm(activations, weight), activations.int() @ weight.int()):
+            return True
+    return False
+
+
 def int8_weight_levels(form: str | None = None) -> int:
     """
-    The largest quantized weight magnitude for int8 calls of form `form` (one of `INT8_CALL_FORMS`; None: every
-    form) on this CPU: 127 (8-bit weights) where the form's int8 products are exact, 63 (7-bit weights) where they
-    saturate (`int8_products_saturate`), form by form, so a form that saturates where another does not falls back
-    alone.
+    The largest quantized weight magnitude for int8 calls of form `form` (one of `INT8_CALL_FORMS` or
+    `INT8_GEMM_FORM`; None: every one of `INT8_CALL_FORMS`) on this CPU: 127 (8-bit weights) where the form's int8
+    products are exact, 63 (7-bit weights) where they saturate (`int8_products_saturate`), form by form, so a form
+    that saturates where another does not falls back alone.
 
     With weights in [-63, 63] a pair of products is at most 254 x 63 x 2 = 32,004, inside int16, so the products are
     exact again on every x86 CPU. 7-bit weights, rather than 7-bit activations as PyTorch's x86 quantization does with
@@ -156,7 +176,7 @@ def int8_weight_levels(form: str | None = None) -> int:
     0.0443, min cosine 0.920): it cuts the largest weights hardest.
 
     Raises:
-        ValueError: `form` is not one of `INT8_CALL_FORMS`.
+        ValueError: `form` is not one of `INT8_CALL_FORMS` nor `INT8_GEMM_FORM`.
     """
     return 63 if int8_products_saturate(form) else 127
 

@@ -3,13 +3,14 @@ layout, MKL's packed sgemm, the weight transposed for `addmm`, or as stored), in
 activation or residual add that follows them; and the dynamic uint8 quantization of the int8 kernel's inputs."""
 
 import copy
+import functools
 import math
 
 import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
-from .capabilities import INT8_CALL_FORMS, int8_weight_levels
+from .capabilities import INT8_CALL_FORMS, INT8_GEMM_FORM, int8_weight_levels
 
 
 # hidden_act -> oneDNN's (post-op, algorithm) for the fused bias + activation of the feed-forward's first linear.
@@ -20,6 +21,23 @@ ONEDNN_ACTIVATIONS = {
     "gelu_pytorch_tanh": ("gelu", "tanh"),
     "relu": ("relu", ""),
 }
+
+# The same post-ops applied after `torch._int_mm` (`PackedLinear`'s small int8 products), by oneDNN's (post-op, algorithm).
+TORCH_POST_OPS = {
+    ("gelu", "none"): nn.functional.gelu,
+    ("gelu", "tanh"): functools.partial(nn.functional.gelu, approximate="tanh"),
+    ("relu", ""): torch.relu_,
+}
+
+# int8 products of at most this many outputs (rows x out_features) run as oneDNN's s8 x s8 gemm (`torch._int_mm`) and
+# torch's element-wise epilogue rather than as oneDNN's int8 linear (`PackedLinear`), whose fixed cost of about 20 us a
+# call (with its bias and post-op fused) outweighs the product itself at a decode step's few rows. Our own threshold,
+# measured on the 2-core Zen 5 of docs/int8.md (torch 2.13.0; medians, quantization and epilogue included), the gemm's
+# time over oneDNN's at 2 / 1 threads: 8 rows of MiniLM's products 0.63 / 0.58 (384 x 384 + residual), 0.69 / 0.77
+# (384 x 1,152), 0.72 / 0.83 (1,536 x 384 + residual), 1.03 / 0.95 (384 x 1,536 + GELU); 32 rows x 1,152 outputs
+# 0.87 / 0.93; 128 x 384: 0.99 / 0.93; 64 x 1,152: 1.07 / 1.02; 32 x 1,536 + GELU: 1.14 / 1.08; one row of a 30,522-word
+# vocabulary 0.73 / 0.82, 8 rows 1.77 / 3.21 (oneDNN's prepacked weight pays off there).
+SMALL_INT8_PRODUCT = 36_864
 
 # Linear implementations, in order of preference:
 LINEAR_KERNELS = {
@@ -46,7 +64,11 @@ class PackedLinear:
     (`onednn.qlinear_prepack`); each call quantizes its input to 8 bits with one scale and zero point for the whole
     tensor, from the tensor's own range (dynamic quantization, Jacob et al. 2018, "Quantization and Training of Neural
     Networks for Efficient Integer-Arithmetic-Only Inference", §2.1; `quantize_per_tensor_uint8`), and accumulates in
-    int32.
+    int32. With `small_products`, a product of at most `SMALL_INT8_PRODUCT` outputs (a decode step's) runs the same
+    quantized operands through oneDNN's s8 x s8 gemm instead (`torch._int_mm`, the activations less 128, the exact int32 sums corrected by 128
+    less the zero point times each weight row's sum), then scales, adds the bias and applies the post-op or residual
+    in fp32 (our own arrangement, see `SMALL_INT8_PRODUCT`): the same product up to fp32 rounding, where that gemm's
+    products are exact at the weights' levels (`int8_weight_levels(INT8_GEMM_FORM)`), else always oneDNN's linear.
 
     Several linear layers that read the same input are packed as one (their weights stacked along the outputs), as
     the query, key and value projections are.
@@ -61,6 +83,9 @@ class PackedLinear:
         weight_levels (`int`, *optional*): int8 only, the largest quantized weight magnitude (default
             `int8_weight_levels(self.call_form)`).
         residual (`bool`): every call adds a residual to the output (`__call__`'s `residual`, required then).
+        small_products (`bool`): int8 only, run products of at most `SMALL_INT8_PRODUCT` outputs on `torch._int_mm`
+            (where its products are exact at the weights' levels); keeps the quantized weight (out x in bytes) beside
+            oneDNN's packed copy. The decoder's and LM head's layers use it, the encoder's not.
 
     Attributes:
         call_form (`str`): the `capabilities.INT8_CALL_FORMS` entry of oneDNN's calls: "add" with a residual, else the
@@ -83,16 +108,21 @@ class PackedLinear:
         activation: str | None = None,
         weight_levels: int | None = None,
         residual: bool = False,
+        small_products: bool = False,
     ):
         if activation and residual:
             raise ValueError(f"activation ({activation!r}) and residual=True: a PackedLinear does one or the other")
         self._sources = list(linears)  # what `__deepcopy__` packs anew
-        self._options = {"int8": int8, "dtype": dtype, "kernel": kernel, "activation": activation, "residual": residual}
+        self._options = {
+            "int8": int8, "dtype": dtype, "kernel": kernel, "activation": activation, "residual": residual,
+            "small_products": small_products,
+        }  # fmt: skip
         weights = [linear.weight.detach() for linear in linears]
         weight = weights[0] if len(weights) == 1 else torch.cat(weights)  # (out, in)
         biases = [linear.bias for linear in linears]
         self.bias = None if biases[0] is None else torch.cat([bias.detach() for bias in biases]).contiguous()
         self.int8, self.dtype, self.kernel, self.residual = int8, dtype, kernel, residual
+        self.small_products = False
         self.out_features, self.in_features = weight.shape
         self.post_op = ONEDNN_ACTIVATIONS.get(activation) if kernel == "onednn" and activation else None
         self.activation = ACT2FN[activation] if activation and self.post_op is None else None
@@ -106,6 +136,10 @@ class PackedLinear:
             self.weight_scale, quantized = quantize_per_row_int8(weight, self.weight_levels)
             self.weight = torch.ops.onednn.qlinear_prepack(quantized, None)
             self.weight_zero_point = torch.zeros(self.out_features, dtype=torch.int64)
+            self.small_products = small_products and int8_weight_levels(INT8_GEMM_FORM) >= self.weight_levels
+            if self.small_products:  # the gemm's operand (in, out), a view of the (out, in) rows, and their sums
+                self.gemm_weight = quantized.t()
+                self.gemm_weight_sums = quantized.sum(1, dtype=torch.int32)
         elif kernel == "onednn":
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype).contiguous(), None)
         elif kernel == "mkl":
@@ -155,13 +189,30 @@ class PackedLinear:
             if other is not None:
                 return torch.ops.mkldnn._linear_pointwise.binary(rows, other, self.weight, self.bias, "add")
             return torch.ops.mkldnn._linear_pointwise(rows, self.weight, self.bias, post_op, [], algorithm)
-        quantized, scale, zero_point = quantize_per_tensor_uint8(rows)
+        shifted, scale, zero_point = _quantize_shifted(rows)
+        if self.small_products and rows.shape[0] * self.out_features <= SMALL_INT8_PRODUCT:
+            return self._small_product(shifted, scale, zero_point, other)
+        quantized = shifted.view(torch.uint8).bitwise_xor_(0x80)
         args = (quantized, scale, zero_point, self.weight, self.weight_scale, self.weight_zero_point)
         if other is not None:
             return torch.ops.onednn.qlinear_pointwise.binary(
                 *args, other, self.bias, 1.0, 0, torch.float32, 1.0, 0, "add", 1.0, "none", [], ""
             )
         return torch.ops.onednn.qlinear_pointwise(*args, self.bias, 1.0, 0, torch.float32, post_op, [], algorithm)
+
+    def _small_product(self, shifted: torch.Tensor, scale: float, zero_point: int, other: torch.Tensor | None):
+        """The int8 product of (rows, in) activations quantized to uint8 and handed over less 128 (`shifted`, int8)
+        through `torch._int_mm`: Σ (q - 128) w + (128 - zero_point) Σ w = Σ (q - zero_point) w exactly in int32, then
+        scale x weight_scale, the bias and the post-op or `other` (the residual) in fp32 -> (rows, out) fp32."""
+        sums = torch._int_mm(shifted, self.gemm_weight).add_(self.gemm_weight_sums, alpha=128 - zero_point)
+        if other is not None:
+            out = torch.addcmul(other, sums, self.weight_scale, value=scale)
+            return out if self.bias is None else out.add_(self.bias)
+        if self.bias is None:
+            out = torch.mul(sums, self.weight_scale).mul_(scale)
+        else:
+            out = torch.addcmul(self.bias, sums, self.weight_scale, value=scale)
+        return out if self.post_op is None else TORCH_POST_OPS[self.post_op](out)
 
 
 def quantize_per_row_int8(weight: torch.Tensor, levels: int, rows: int = 2048) -> tuple[torch.Tensor, torch.Tensor]:
@@ -204,6 +255,12 @@ def quantize_per_tensor_uint8(x: torch.Tensor) -> tuple[torch.Tensor, float, int
     Raises:
         ValueError: `x` holds NaN or an infinity, which 8 bits cannot hold (fp32 layers would pass them on).
     """
+    shifted, scale, zero_point = _quantize_shifted(x)
+    return shifted.view(torch.uint8).bitwise_xor_(0x80), scale, zero_point  # q
+
+
+def _quantize_shifted(x: torch.Tensor) -> tuple[torch.Tensor, float, int]:
+    """`quantize_per_tensor_uint8` less its last step: (q - 128 as int8, scale, zero_point); same errors."""
     low, high = x.amin().item(), x.amax().item()
     if not (math.isfinite(low) and math.isfinite(high)):
         raise ValueError(
@@ -214,5 +271,4 @@ def quantize_per_tensor_uint8(x: torch.Tensor) -> tuple[torch.Tensor, float, int
     scale = max((high - low) / 253, torch.finfo(torch.float32).tiny)
     zero_point = math.ceil(-low / scale)  # x / scale + zero_point lies in [0, 254)
     offset = torch.tensor(zero_point - 128.0, dtype=x.dtype)
-    shifted = torch.add(offset, x, alpha=1.0 / scale).round_().to(torch.int8)  # q - 128
-    return shifted.view(torch.uint8).bitwise_xor_(0x80), scale, zero_point  # q
+    return torch.add(offset, x, alpha=1.0 / scale).round_().to(torch.int8), scale, zero_point  # q - 128

@@ -25,6 +25,12 @@ How a layer runs (our own arrangement, the encoder's (`optimized_layers`) with a
   inputs on another device or of another dtype, `torch.export` and `torch.jit.trace`), with one warning per copy and
   reason for int8 and bf16.
 
+A decode step's int8 products (a few rows each) run on oneDNN's s8 x s8 gemm rather than its int8 linear call, whose
+fixed cost outweighs them (`PackedLinear`'s `small_products`, `linear_kernels.SMALL_INT8_PRODUCT`): the same
+quantized operands and exact integer sums, the bias and post-op or residual added in fp32 after. Its fp32 attention
+(int8's included) runs as batched products on a layout of the keys and mask kept for the generate call
+(`_decode_step`).
+
 Precision of what is kept between steps: the key/value cache holds what the layer's projections give, fp32 for fp32
 and int8 (oneDNN's int8 products come out in fp32), bf16 for bf16 (half the bytes a step reads back). Hidden states
 enter and leave each decoder layer in fp32; a bf16 layer computes in bf16 inside (its residual stream rounded to bf16,
@@ -120,50 +126,108 @@ def identical_row_groups(states: torch.Tensor, attention_mask: torch.Tensor | No
     return 1
 
 
-def _in_precision(attention: SeqBertAttention, query, key, value, attention_mask, groups: int = 1, **kwargs):
+def _in_precision(
+    attention: SeqBertAttention,
+    query,
+    key,
+    value,
+    attention_mask,
+    groups: int = 1,
+    cache=None,
+    role: str = "self",
+    **kwargs,
+):
     """`SeqBertAttention.merged_heads` of (B, N, L, D) queries and (B, N, S, D) keys and values -> the heads side by
     side (B, L, H) in the queries' dtype, and the weights where the implementation returns them; bf16 runs in fp32 on
     the bf16 projections unless it is sdpa with a boolean mask or none (as `_OptimizedSelfAttention.merged_heads`).
 
-    A decode step (one query per row) in fp32 under sdpa (boolean mask or none, no dropout) is written out instead:
-    softmax(q Kᵀ · scaling + mask) V in two batched products, as `LengthGroups.attend` writes out short fp32 groups
-    (our own choice for decoding: sdpa's CPU flash kernel costs more than the products for a single query; measured
-    on the Zen 5 of docs/int8.md at 1 thread, 8 rows x 12 heads: 43 against 62 us at 24 keys, 114 against 142 us at
-    96; 32 rows, 128 keys: 742 against 1,023 us).
+    A decode step (one query per row) in fp32 under sdpa (boolean mask or none, no dropout) is written out instead
+    (`_decode_step`): softmax(q Kᵀ · scaling + mask) V in two batched products, as `LengthGroups.attend` writes out
+    short fp32 groups (our own choice for decoding: sdpa's CPU flash kernel costs more than the products for a single
+    query; measured on the Zen 5 of docs/int8.md at 1 thread, 8 rows x 12 heads: 43 against 62 us at 24 keys, 114
+    against 142 us at 96; 32 rows, 128 keys: 742 against 1,023 us).
 
     `groups` > 1 (cross-attention, `identical_row_groups`): each run of `groups` rows shares its keys, values and mask
     (the beams of one source), so a decode step's single queries of those rows attend together as `groups` queries of
     one row, on that row's keys and values (our own arrangement: beam search then reads each source's cross-attention
-    keys and values once a step, not once per beam; the same softmax per query)."""
+    keys and values once a step, not once per beam; the same softmax per query). `cache` (the generate call's, or
+    None) keeps what a decode step builds from inputs that do not change between layers or steps (`_decode_step`);
+    `role`, "self" or "cross", tells apart the masks kept there."""
     dtype = query.dtype
     batch, heads_count, length, head_dim = query.shape
+    if length == 1 and dtype == torch.float32 and _sdpa_written_out_fits(attention, attention_mask):
+        heads = _decode_step(attention, query, key, value, attention_mask, groups, cache, role)
+        return heads, None
     if groups > 1 and length == 1 and _sdpa_written_out_fits(attention, attention_mask):
         query = query.reshape(batch // groups, groups, heads_count, head_dim).transpose(1, 2)  # (B/g, N, g, D)
         key, value = key[::groups], value[::groups]  # (B/g, N, S, D), views
         mask = None if attention_mask is None else attention_mask[::groups, :, :1]  # (B/g, 1, 1, S)
-        if dtype == torch.float32:
-            heads = _written_out(attention, query, key, value, mask)
-        else:
-            heads = nn.functional.scaled_dot_product_attention(query, key, value, mask, scale=attention.scaling)
+        heads = nn.functional.scaled_dot_product_attention(query, key, value, mask, scale=attention.scaling)
         return heads.transpose(1, 2).reshape(batch, 1, -1), None  # (B, 1, H)
-    if length == 1 and dtype == torch.float32 and _sdpa_written_out_fits(attention, attention_mask):
-        heads = _written_out(attention, query, key, value, attention_mask)  # (B, N, 1, D)
-        return heads.transpose(1, 2).reshape(batch, 1, -1), None
     if dtype == torch.bfloat16 and not _bf16_attention_fits(attention, attention_mask):
         query, key, value = query.float(), key.float(), value.float()
     heads, weights = SeqBertAttention.merged_heads(attention, query, key, value, attention_mask, **kwargs)
     return heads.to(dtype), weights
 
 
-def _written_out(attention: SeqBertAttention, query, key, value, attention_mask) -> torch.Tensor:
-    """softmax(Q Kᵀ · scaling + mask) V for (B, N, L, D) queries, (B, N, S, D) keys and values and a boolean mask
-    broadcastable to (B, N, L, S), True where allowed, or None -> (B, N, L, D)."""
-    scores = torch.matmul(query, key.transpose(-1, -2))  # (B, N, L, S)
-    if attention_mask is None:
-        scores = scores.mul_(attention.scaling)
+# What a decode step keeps on the generate call's cache (`_decode_step`), attributes of the cache object: the additive
+# masks, {(role, groups): (the boolean mask they came from, (B/g x N, 1, S) fp32)}, and the cross-attention keys and
+# values of each layer as the batched products take them, {layer_idx: (the cached keys, groups, Kᵀ, V)}.
+_DECODE_MASKS = "seqbert_decode_masks"
+_DECODE_CROSS = "seqbert_decode_cross_attention"
+
+
+def _decode_step(attention: SeqBertAttention, query, key, value, attention_mask, groups: int, cache, role: str):
+    """One decode step's attention in fp32: (B, N, 1, D) queries, (B, N, S, D) keys and values, a boolean mask
+    broadcastable to (B, 1, 1, S), True where allowed, or None -> the heads side by side (B, 1, H).
+
+    softmax(q Kᵀ · scaling + mask) V as `torch.baddbmm` (the mask added in the product's epilogue) or `torch.bmm`, the
+    softmax, and `torch.bmm`, on (B/g x N, g, D) queries against the (B/g x N, D, S) keys of each `groups` rows (our
+    own arrangement: 0.6x the time of `torch.matmul` on the 4-d tensors with the mask added apart, measured on the
+    Zen 5 of docs/int8.md, 8 rows x 12 heads x 40 keys, 2 threads: 24 against 41 us). Kept on `cache` where given:
+    the additive mask, for the boolean mask object every layer of a step is handed, and the cross-attention's keys and
+    values in that layout, for the cached keys of the generate call (`_DECODE_MASKS`, `_DECODE_CROSS`)."""
+    batch, heads_count, _, head_dim = query.shape
+    rows = batch // groups
+    kept = vars(cache) if cache is not None else {}
+    layout = None
+    if role == "cross":
+        layout = kept.setdefault(_DECODE_CROSS, {}).get(attention.layer_idx)
+        if layout is not None and (layout[0] is not key or layout[1] != groups):
+            layout = None
+    if layout is None:
+        shape = (rows * heads_count, key.shape[2], head_dim)
+        layout = (key, groups, key[::groups].reshape(shape).transpose(1, 2), value[::groups].reshape(shape))
+        if role == "cross" and cache is not None:
+            kept[_DECODE_CROSS][attention.layer_idx] = layout
+    _, _, keys_t, values = layout  # (B/g x N, D, S), (B/g x N, S, D)
+    if groups == 1:
+        queries = query.reshape(batch * heads_count, 1, head_dim)
+    else:  # the beams of a row side by side: (B/g, g, N, D) -> (B/g x N, g, D)
+        queries = query.reshape(rows, groups, heads_count, head_dim).transpose(1, 2).reshape(-1, groups, head_dim)
+    mask = _decode_mask(attention_mask, rows, heads_count, groups, kept, role)
+    if mask is None:
+        scores = torch.bmm(queries, keys_t).mul_(attention.scaling)
     else:
-        scores = torch.add(additive_mask(attention_mask), scores, alpha=attention.scaling)
-    return torch.matmul(scores.softmax(-1), value)
+        scores = torch.baddbmm(mask, queries, keys_t, alpha=attention.scaling)
+    heads = torch.bmm(scores.softmax(-1), values)  # (B/g x N, g, D)
+    return heads.view(rows, heads_count, groups, head_dim).transpose(1, 2).reshape(batch, 1, heads_count * head_dim)
+
+
+def _decode_mask(attention_mask, rows: int, heads_count: int, groups: int, kept: dict, role: str):
+    """A decode step's boolean mask (B, 1 or N, 1 or L, S), or None, as the additive fp32 one `_decode_step` adds:
+    (B/g x N, 1, S), 0 where True, fp32's minimum where False (`additive_mask`), of every `groups`-th row; kept in
+    `kept` (the cache's attributes) for the mask object it came from."""
+    if attention_mask is None:
+        return None
+    masks = kept.setdefault(_DECODE_MASKS, {})
+    entry = masks.get((role, groups))
+    if entry is not None and entry[0] is attention_mask:
+        return entry[1]
+    mask = additive_mask(attention_mask[::groups, :, -1:])  # (B/g, 1 or N, 1, S)
+    mask = mask.expand(rows, heads_count, 1, mask.shape[-1]).reshape(rows * heads_count, 1, mask.shape[-1])
+    masks[(role, groups)] = (attention_mask, mask)
+    return mask
 
 
 def _sdpa_written_out_fits(attention: SeqBertAttention, attention_mask: torch.Tensor | None) -> bool:
@@ -215,7 +279,7 @@ class _OptimizedCausalSelfAttention(_OptimizedSelfAttention):
         if past_key_values is not None:
             cache = getattr(past_key_values, "self_attention_cache", past_key_values)
             key, value = cache.update(key, value, self.layer_idx)  # (B, N, L_past + L, D) each
-        return _in_precision(self, query, key, value, attention_mask, **kwargs)
+        return _in_precision(self, query, key, value, attention_mask, cache=past_key_values, **kwargs)
 
 
 class _OptimizedCrossAttention(SeqBertCrossAttention):
@@ -270,7 +334,7 @@ class _OptimizedCrossAttention(SeqBertCrossAttention):
                 past_key_values.is_updated[self.layer_idx] = True
                 groups = identical_row_groups(encoder_hidden_states, attention_mask)
                 vars(past_key_values).setdefault(_ROW_GROUPS, {})[self.layer_idx] = (groups, key.shape[0])
-        return _in_precision(self, query, key, value, attention_mask, groups, **kwargs)
+        return _in_precision(self, query, key, value, attention_mask, groups, past_key_values, "cross", **kwargs)
 
 
 class _OptimizedDecoderLayer(SeqBertDecoderLayer):
@@ -412,12 +476,13 @@ def _lm_head_outside_the_graph(head: _OptimizedLMHead, hidden_states: torch.Tens
 
 
 def _pack(linears_by_role: dict, kernel: str, int8: bool, dtype: torch.dtype) -> dict[str, PackedLinear]:
-    """role -> the role's linear layers packed for `kernel`; each linear layer mixed with `_OptimizedLinear`."""
+    """role -> the role's linear layers packed for `kernel`, int8 products of a decode step's few rows on
+    `torch._int_mm` (`PackedLinear`'s `small_products`); each linear layer mixed with `_OptimizedLinear`."""
     packed = {}
     for role, (linears, activation, residual) in linears_by_role.items():
-        packed[role] = PackedLinear(linears, int8, dtype, kernel, activation, residual=residual)
+        packed[role] = PackedLinear(linears, int8, dtype, kernel, activation, residual=residual, small_products=True)
         for linear in linears:
-            linear._cpu_linear = (int8, dtype, kernel)
+            linear._cpu_linear = (int8, dtype, kernel, True)
             linear.__class__ = optimized_class(_OptimizedLinear, type(linear))
     return packed
 
@@ -451,7 +516,7 @@ def optimize_decoder(decoder: SeqBertDecoder, kernel: str, int8: bool, dtype: to
         elif isinstance(layer, SeqBertLayer):
             optimize_layer(
                 layer, dict.fromkeys(ROLES, kernel), int8, dtype, notes, _OptimizedCausalLayer,
-                _OptimizedCausalSelfAttention, part="decoder",
+                _OptimizedCausalSelfAttention, part="decoder", small_products=True,
             )  # fmt: skip
 
 

@@ -48,11 +48,14 @@ def layer_linears(layer: SeqBertLayer) -> dict[str, tuple[list[nn.Linear], str |
 
 
 def pack_layer(
-    layer: SeqBertLayer, linear_kernels: dict[str, str], int8: bool, dtype: torch.dtype
+    layer: SeqBertLayer, linear_kernels: dict[str, str], int8: bool, dtype: torch.dtype, small_products: bool = False
 ) -> dict[str, PackedLinear]:
-    """role -> the role's linear layers packed for its kernel in `linear_kernels`."""
+    """role -> the role's linear layers packed for its kernel in `linear_kernels` (`small_products`: `PackedLinear`'s,
+    for a decoder's layers)."""
     return {
-        role: PackedLinear(linears, int8, dtype, linear_kernels[role], activation, residual=residual)
+        role: PackedLinear(
+            linears, int8, dtype, linear_kernels[role], activation, residual=residual, small_products=small_products
+        )
         for role, (linears, activation, residual) in layer_linears(layer).items()
     }
 
@@ -243,15 +246,15 @@ class _OptimizedLinear(nn.Linear):
     attention or feed-forward module called as one), it computes `x @ W.T + b` on its own weight packed for its role's
     kernel, in its layer's precision (packed on its first such call); elsewhere as `nn.Linear`."""
 
-    _cpu_linear: tuple[bool, torch.dtype, str]  # int8, dtype, kernel
+    _cpu_linear: tuple[bool, torch.dtype, str, bool]  # int8, dtype, kernel, small_products
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        int8, dtype, kernel = self._cpu_linear
+        int8, dtype, kernel, small_products = self._cpu_linear
         if not _packed_applies(input, dtype) or self.__dict__.get("_cpu_fp32"):  # the latter: `optimized_decoder`
             return super().forward(input)
         packed = self.__dict__.get("_packed_linear")
         if packed is None:
-            packed = self._packed_linear = PackedLinear([self], int8, dtype, kernel)
+            packed = self._packed_linear = PackedLinear([self], int8, dtype, kernel, small_products=small_products)
         return packed(input)
 
 
@@ -408,16 +411,17 @@ def optimize_layer(
     layer_mixin: type | None = None,
     attention_mixin: type | None = None,
     part: str = "encoder",
+    small_products: bool = False,
 ) -> SeqBertLayer:
     """`layer` itself, its linears packed for `linear_kernels` (role -> kernel) and its class, its attention's, its
     feed-forward's and its linear layers' mixed with the optimized ones; `notes`: the set of reasons already warned
     about, shared by the layers of one copy. `layer_mixin` and `attention_mixin` (default `_OptimizedLayer` and
     `_OptimizedSelfAttention`) and `part` ("encoder" or "decoder", what warnings call it) serve the causal layers of
-    a decoder (`optimized_decoder`)."""
-    packed = pack_layer(layer, linear_kernels, int8, dtype)
+    a decoder (`optimized_decoder`), with `small_products` (`PackedLinear`'s)."""
+    packed = pack_layer(layer, linear_kernels, int8, dtype, small_products)
     for role, (linears, _, _) in layer_linears(layer).items():
         for linear in linears:
-            linear._cpu_linear = (int8, dtype, linear_kernels[role])
+            linear._cpu_linear = (int8, dtype, linear_kernels[role], small_products)
             linear.__class__ = optimized_class(_OptimizedLinear, type(linear))
     layer.attention._packed_qkv = packed["qkv"]
     layer.attention.__class__ = optimized_class(attention_mixin or _OptimizedSelfAttention, type(layer.attention))
