@@ -45,11 +45,12 @@ class CompareArguments:
 
 
 def quantize_7bit_activations(x: torch.Tensor) -> tuple[torch.Tensor, float, int]:
-    """`cpu_inference.quantize_per_tensor_uint8` with the range spread over 126 steps: values in [0, 127]."""
+    """`linear_kernels._quantize_shifted` (`cpu_inference.quantize_per_tensor_uint8` less 128, as int8) with the
+    range spread over 126 steps: values q in [0, 127], handed over as q - 128."""
     low, high = min(x.amin().item(), 0.0), max(x.amax().item(), 0.0)
     scale = max((high - low) / 126, torch.finfo(torch.float32).tiny)
     zero_point = math.ceil(-low / scale)
-    return torch.round(x / scale + zero_point).to(torch.uint8), scale, zero_point
+    return (torch.round(x / scale + zero_point) - 128).to(torch.int8), scale, zero_point
 
 
 def paired_weights(levels: int):
@@ -59,9 +60,9 @@ def paired_weights(levels: int):
 
     def init(
         self, linears, int8=False, dtype=torch.float32, kernel="onednn", activation=None, weight_levels=None,
-        residual=False,
+        residual=False, **options,
     ):  # fmt: skip
-        original(self, linears, int8, dtype, kernel, activation, weight_levels, residual)
+        original(self, linears, int8, dtype, kernel, activation, weight_levels, residual, **options)
         if not int8:
             return
         weight = torch.cat([linear.weight.detach() for linear in linears]).double()
@@ -73,6 +74,9 @@ def paired_weights(levels: int):
         first.sub_(first.sign() * cut_first)
         second.sub_(second.sign() * (excess - cut_first))
         self.weight = torch.ops.onednn.qlinear_prepack(quantized.to(torch.int8), None)
+        if self.small_products:  # the s8 x s8 gemm's copy of the same weights (`PackedLinear`'s small products)
+            self.gemm_weight = quantized.to(torch.int8).t()
+            self.gemm_weight_sums = self.gemm_weight.sum(0, dtype=torch.int32)
 
     return init
 
@@ -113,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
         )
         patches = [levels]
         if "quantize" in variant:
-            patches.append(mock.patch.object(linear_kernels, "quantize_per_tensor_uint8", variant["quantize"]))
+            patches.append(mock.patch.object(linear_kernels, "_quantize_shifted", variant["quantize"]))
         if "init" in variant:
             patches.append(mock.patch.object(cpu_inference.PackedLinear, "__init__", variant["init"]))
         with contextlib.ExitStack() as stack, torch.inference_mode():
