@@ -143,12 +143,12 @@ def test_small_int8_products_are_the_same_dequantized_product(real_activations, 
         calls = gemm.call_count
         got = small(x) if residual is None else small(x, residual=residual)
         assert gemm.call_count == calls + 1, form
-        oneDNN = plain(x) if residual is None else plain(x, residual=residual)
+        onednn = plain(x) if residual is None else plain(x, residual=residual)
         assert gemm.call_count == calls + 1, form
         product = _exact_product(linear, x, levels)
         expected = post_op(product) if residual is None else product + residual.double()
         assert (got.double() - expected).abs().max() <= 1e-5 * expected.abs().max(), form
-        assert (got - oneDNN).abs().max() <= 1e-5 * oneDNN.abs().max(), form
+        assert (got - onednn).abs().max() <= 1e-5 * onednn.abs().max(), form
     many = real_activations[1]["up"]  # hundreds of rows x 1,536 outputs: oneDNN's int8 linear
     assert many.shape[0] * 1536 > linear_kernels.SMALL_INT8_PRODUCT
     calls = gemm.call_count

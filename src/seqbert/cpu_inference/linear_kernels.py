@@ -22,7 +22,8 @@ ONEDNN_ACTIVATIONS = {
     "relu": ("relu", ""),
 }
 
-# The same post-ops applied after `torch._int_mm` (`PackedLinear`'s small int8 products), by oneDNN's (post-op, algorithm).
+# The same post-ops applied after `torch._int_mm` (`PackedLinear`'s small int8 products), by oneDNN's (post-op,
+# algorithm).
 TORCH_POST_OPS = {
     ("gelu", "none"): nn.functional.gelu,
     ("gelu", "tanh"): functools.partial(nn.functional.gelu, approximate="tanh"),
@@ -65,9 +66,9 @@ class PackedLinear:
     tensor, from the tensor's own range (dynamic quantization, Jacob et al. 2018, "Quantization and Training of Neural
     Networks for Efficient Integer-Arithmetic-Only Inference", §2.1; `quantize_per_tensor_uint8`), and accumulates in
     int32. With `small_products`, a product of at most `SMALL_INT8_PRODUCT` outputs (a decode step's) runs the same
-    quantized operands through oneDNN's s8 x s8 gemm instead (`torch._int_mm`, the activations less 128, the exact int32 sums corrected by 128
-    less the zero point times each weight row's sum), then scales, adds the bias and applies the post-op or residual
-    in fp32 (our own arrangement, see `SMALL_INT8_PRODUCT`): the same product up to fp32 rounding, where that gemm's
+    quantized operands through oneDNN's s8 x s8 gemm instead (`torch._int_mm`, the activations less 128, the exact
+    int32 sums corrected by 128 less the zero point times each weight row's sum), then scales, adds the bias and
+    applies the post-op or residual in fp32 (our own arrangement, see `SMALL_INT8_PRODUCT`): the same product up to fp32 rounding, where that gemm's
     products are exact at the weights' levels (`int8_weight_levels(INT8_GEMM_FORM)`), else always oneDNN's linear.
 
     Several linear layers that read the same input are packed as one (their weights stacked along the outputs), as

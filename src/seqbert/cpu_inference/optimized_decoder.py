@@ -190,16 +190,12 @@ def _decode_step(attention: SeqBertAttention, query, key, value, attention_mask,
     batch, heads_count, _, head_dim = query.shape
     rows = batch // groups
     kept = vars(cache) if cache is not None else {}
-    layout = None
-    if role == "cross":
-        layout = kept.setdefault(_DECODE_CROSS, {}).get(attention.layer_idx)
-        if layout is not None and (layout[0] is not key or layout[1] != groups):
-            layout = None
-    if layout is None:
+    layouts = kept.setdefault(_DECODE_CROSS, {}) if role == "cross" else {}  # self-attention's keys grow every step
+    layout = layouts.get(attention.layer_idx)
+    if layout is None or layout[0] is not key or layout[1] != groups:
         shape = (rows * heads_count, key.shape[2], head_dim)
         layout = (key, groups, key[::groups].reshape(shape).transpose(1, 2), value[::groups].reshape(shape))
-        if role == "cross" and cache is not None:
-            kept[_DECODE_CROSS][attention.layer_idx] = layout
+        layouts[attention.layer_idx] = layout
     _, _, keys_t, values = layout  # (B/g x N, D, S), (B/g x N, S, D)
     if groups == 1:
         queries = query.reshape(batch * heads_count, 1, head_dim)
