@@ -28,7 +28,12 @@ def _precision_params():
     return [
         pytest.param("int8", marks=[pytest.mark.cpu_semantics, needs_onednn]),
         pytest.param(
-            "bf16", marks=pytest.mark.skipif(not bf16_linear_available(), reason="oneDNN has no bf16 linear here")
+            "bf16",
+            marks=pytest.mark.skipif(
+                not bf16_linear_available(),
+                reason="oneDNN has no bf16 linear here; its refusal is tested "
+                "(test_avx2_refuses_bf16_in_one_line_and_keeps_int8_exact)",
+            ),
         ),
     ]
 
