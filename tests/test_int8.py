@@ -57,13 +57,17 @@ def real_activations(minilm_path, tokenizer, rt_texts):
 @pytest.mark.cpu_semantics
 def test_uint8_quantization_round_trips_within_half_a_step(real_activations):
     _, seen = real_activations
-    for x in (*seen.values(), torch.zeros(3, 4), -seen["up"].abs(), seen["down"].abs()):
+    inputs = (*seen.values(), torch.zeros(3, 4), -seen["up"].abs(), seen["down"].abs(), seen["up"][:5])
+    for x in (*inputs, seen["up"].bfloat16()):  # small inputs take another range op, bf16 another rounding
         q, scale, zero_point = quantize_per_tensor_uint8(x)
         assert q.dtype == torch.uint8 and q.shape == x.shape and scale > 0
         assert 0 <= q.min() and q.max() <= 254  # no clamp needed: a step to spare at the top
         error = ((q.double() - zero_point) * scale - x.double()).abs().max().item()
         assert error <= scale * (0.5 + 1e-4)
         assert (q[x == 0] == zero_point).all()  # zero is exact
+        shifted = linear_kernels._quantize(x, shifted=True)  # what the decoder's small int8 products read
+        assert shifted[0].dtype == torch.int8 and torch.equal(shifted[0].int() + 128, q.int())
+        assert shifted[1:] == (scale, zero_point)
     low, high = seen["down"].min().item(), seen["down"].max().item()  # GELU outputs: a range from about -0.17 up
     assert quantize_per_tensor_uint8(seen["down"])[1] == pytest.approx((high - low) / 253)
     for bad in (float("nan"), float("inf")):  # 8 bits cannot hold them: a clear error, not a deep one

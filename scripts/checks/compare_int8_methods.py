@@ -44,13 +44,14 @@ class CompareArguments:
             raise ScriptInputError(f"--num_snippets must be >= 1, got {self.num_snippets}")
 
 
-def quantize_7bit_activations(x: torch.Tensor) -> tuple[torch.Tensor, float, int]:
-    """`linear_kernels._quantize_shifted` (`cpu_inference.quantize_per_tensor_uint8` less 128, as int8) with the
-    range spread over 126 steps: values q in [0, 127], handed over as q - 128."""
+def quantize_7bit_activations(x: torch.Tensor, shifted: bool) -> tuple[torch.Tensor, float, int]:
+    """`linear_kernels._quantize` (`cpu_inference.quantize_per_tensor_uint8`, or with `shifted` less 128 as int8)
+    with the range spread over 126 steps: values q in [0, 127]."""
     low, high = min(x.amin().item(), 0.0), max(x.amax().item(), 0.0)
     scale = max((high - low) / 126, torch.finfo(torch.float32).tiny)
     zero_point = math.ceil(-low / scale)
-    return (torch.round(x / scale + zero_point) - 128).to(torch.int8), scale, zero_point
+    q = torch.round(x / scale + zero_point)
+    return (q - 128).to(torch.int8) if shifted else q.to(torch.uint8), scale, zero_point
 
 
 def paired_weights(levels: int):
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> dict:
         )
         patches = [levels]
         if "quantize" in variant:
-            patches.append(mock.patch.object(linear_kernels, "_quantize_shifted", variant["quantize"]))
+            patches.append(mock.patch.object(linear_kernels, "_quantize", variant["quantize"]))
         if "init" in variant:
             patches.append(mock.patch.object(cpu_inference.PackedLinear, "__init__", variant["init"]))
         with contextlib.ExitStack() as stack, torch.inference_mode():
