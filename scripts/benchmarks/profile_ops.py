@@ -10,7 +10,8 @@ workloads where `benchmark.py` finds seqbert behind (or where its target is not 
   int8=True)` next to onnxruntime's dynamic int8 of the fused graph (its own profiler, `enable_profiling`);
 - `int8_real_length`: int8 forwards of MiniLM-L6 (real weights) and a seeded bert-base-width model with 4 layers on
   4 real-length batches (32 Rotten Tomatoes snippets), at each of `--thread_counts`: `optimize_for_cpu_inference(model,
-  int8=True)` op by op (`torch.profiler`), and its wall time beside CTranslate2's int8 `Encoder` on the same batches
+  int8=True)` op by op (`torch.profiler`), the time its activation quantization takes (timed whole), and its wall
+  time beside CTranslate2's int8 `Encoder` on the same batches
   (CTranslate2's Python API has no per-op profiler: its total only; timed after every seqbert measurement, not
   interleaved, see `int8_real_length`);
 - `training`: bert-base-size training steps (4 real-length batches, `Trainer`'s default fused AdamW), fp32 and under
@@ -31,16 +32,18 @@ import re
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from unittest import mock
 
 import torch
 from torch.profiler import profile, record_function
 from transformers import AutoTokenizer, BertForSequenceClassification, BertModel
 
 import seqbert
-from seqbert.cpu_inference import bf16_linear_available
+from seqbert.cpu_inference import bf16_linear_available, linear_kernels
 from seqbert.data import minilm_checkpoint_path
 from seqbert.script_utils import parse_arguments, run_cli, script_parser, write_json
 
@@ -201,8 +204,13 @@ def int8_real_length(tmp: str, thread_counts: list[int], repeats: int) -> dict:
             int8 = seqbert.optimize_for_cpu_inference(model, int8=True)
             with torch.inference_mode():
                 groups = torch_groups(lambda int8=int8: [int8(**b) for b in inputs])
+                quantization = quantization_seconds(lambda int8=int8: [int8(**b) for b in inputs])
                 times = interleave({"seqbert_int8": lambda int8=int8: [int8(**b) for b in inputs]}, repeats)
-            results[label[name, threads]] = {"seqbert_int8": groups, "wall": {"seqbert_int8": times["seqbert_int8"]}}
+            results[label[name, threads]] = {
+                "seqbert_int8": groups,
+                "quantization_seconds": quantization,
+                "wall": {"seqbert_int8": times["seqbert_int8"]},
+            }
     for index, (name, folder) in enumerate(models.items()):  # CTranslate2 last (see above)
         converted = benchmark_engines.convert_ctranslate2(folder, Path(tmp) / f"model_{index}", "int8")
         for threads in thread_counts:
@@ -216,6 +224,28 @@ def int8_real_length(tmp: str, thread_counts: list[int], repeats: int) -> dict:
             result["seqbert_over_ctranslate2"] = wall["ctranslate2_int8"]["seconds"] / wall["seqbert_int8"]["seconds"]
     torch.set_num_threads(threads_before)
     return results
+
+
+def quantization_seconds(run: Callable[[], object], passes: int = 3) -> float:
+    """Wall seconds per pass of `run` spent quantizing int8 layers' activations (`linear_kernels._quantize`, timed
+    whole by a wrapper, after one untimed pass): the profiler's op groups split its range, rounding and cast among
+    reductions, element-wise ops and casts."""
+    spent = [0.0]
+    quantize = linear_kernels._quantize
+
+    def timed_quantize(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return quantize(*args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - start
+
+    with mock.patch.object(linear_kernels, "_quantize", timed_quantize):
+        run()
+        spent[0] = 0.0
+        for _ in range(passes):
+            run()
+    return spent[0] / passes
 
 
 def training_phases(model, batches: list[dict], bf16: bool) -> dict[str, Callable]:
@@ -351,6 +381,10 @@ def main(argv: list[str] | None = None) -> dict:
         wall = ", ".join(f"{k} {v['seconds'] * 1e3:.0f} ms" for k, v in result["wall"].items())
         print(
             f"\nint8, 4 real-length batches of 32, {setting}: {wall}; seqbert {result['seqbert_over_ctranslate2']:.2f}x"
+        )
+        share = result["quantization_seconds"] / result["wall"]["seqbert_int8"]["seconds"]
+        print(
+            f"activation quantization, timed whole: {result['quantization_seconds'] * 1e3:.1f} ms a pass ({share:.0%})"
         )
         print_groups("seqbert int8 op groups", {"seqbert_int8": result["seqbert_int8"]})
     if args.json_file:
