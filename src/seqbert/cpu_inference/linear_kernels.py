@@ -68,8 +68,9 @@ class PackedLinear:
     int32. With `small_products`, a product of at most `SMALL_INT8_PRODUCT` outputs (a decode step's) runs the same
     quantized operands through oneDNN's s8 x s8 gemm instead (`torch._int_mm`, the activations less 128, the exact
     int32 sums corrected by 128 less the zero point times each weight row's sum), then scales, adds the bias and
-    applies the post-op or residual in fp32 (our own arrangement, see `SMALL_INT8_PRODUCT`): the same product up to fp32 rounding, where that gemm's
-    products are exact at the weights' levels (`int8_weight_levels(INT8_GEMM_FORM)`), else always oneDNN's linear.
+    applies the post-op or residual in fp32 (our own arrangement, see `SMALL_INT8_PRODUCT`): the same product up to
+    fp32 rounding, where that gemm's products are exact at the weights' levels (`int8_weight_levels(INT8_GEMM_FORM)`),
+    else always oneDNN's linear.
 
     Several linear layers that read the same input are packed as one (their weights stacked along the outputs), as
     the query, key and value projections are.
@@ -242,18 +243,20 @@ def quantize_per_tensor_uint8(x: torch.Tensor) -> tuple[torch.Tensor, float, int
     that 0 is exact.
 
     Our own arrangement of the passes over `x`, about 18x faster than the plain min, max, divide, round, add, clamp and
-    cast (0.27 against 5.0 ms on a (830, 1536) tensor, one thread, the Zen 5 of docs/int8.md): the range is spread over 253 steps rather than 255 and the zero point rounded
-    up, so every value lands in [0, 254] with half a step to spare on each side and no clamp is needed; and rounding
-    and cast take one pass over fp32 and one integer cast (`_quantize`: the fp32 "magic number" rounding, 1.5 x 2^23
-    added so that fp32's own round-half-to-even leaves the integer in the low bits; a classic trick, not ours), where
-    torch's round and fp32 -> uint8 cast took three passes (0.7x the time on (834, 1536), one thread, torch 2.13.0).
+    cast (0.27 against 5.0 ms on a (830, 1536) tensor, one thread, the Zen 5 of docs/int8.md): the range is spread over
+    253 steps rather than 255 and the zero point rounded up, so every value lands in [0, 254] with half a step to spare
+    on each side and no clamp is needed; and rounding and cast take one pass over fp32 and one integer cast
+    (`_quantize`: the fp32 "magic number" rounding, 1.5 x 2^23 added so that fp32's own round-half-to-even leaves the
+    integer in the low bits; a classic trick, not ours), where torch's round and fp32 -> uint8 cast took three passes
+    (0.7x the time on (834, 1536), one thread, torch 2.13.0).
     Scale and zero point are read to the host (a CPU tensor's values, no device sync). The range comes from `amin` and
     `amax`, two passes that together take about 0.6x the time of torch's one-pass `aminmax` on these shapes (torch
     2.13.0, one thread; measured on (800, 384) and (800, 1536) tensors), with the same values; small inputs take
     `aminmax` (`_ONE_PASS_RANGE`).
 
     Returns:
-        `(q, scale, zero_point)`: q uint8 with `x`'s shape, scale a float > 0, zero_point an int in [0, 253].
+        `(q, scale, zero_point)`: q uint8 with `x`'s shape, scale a float > 0, zero_point an int in [0, 253] (254
+        where fp32's rounding of -low / scale lands just above 253; q stays in [0, 254]).
 
     Raises:
         ValueError: `x` holds NaN or an infinity, which 8 bits cannot hold (fp32 layers would pass them on).
