@@ -78,9 +78,10 @@ def _ran_in_precision(name: str, got: torch.Tensor, plain: torch.Tensor, fp32: t
 @pytest.mark.parametrize("precision", _precision_params())
 @torch.inference_mode()
 def test_recorded_outputs_and_hooks_see_the_precision_asked_for(precision, eager_model, reference, batch):
-    """`output_hidden_states`, `output_attentions`, a later plain call (the recorder hooks stay on the model), forward
-    hooks on an attention module, on one of its linear layers and on a feed-forward: every form computes in the
-    precision asked for, and what the recorders and hooks read are the optimized layers' outputs."""
+    """`output_hidden_states`, `output_attentions`, a later plain call (the recorder hooks stay on the model, idle: it
+    gives the first plain call's output exactly), forward hooks on an attention module, on one of its linear layers
+    and on a feed-forward: every form computes in the precision asked for, and what the recorders and hooks read are
+    the optimized layers' outputs."""
     real = batch["attention_mask"].bool()
     fast = seqbert.optimize_for_cpu_inference(eager_model, plan=pinned_cpu_plan(), **PRECISIONS[precision])
     plain = fast(**batch).last_hidden_state
@@ -103,6 +104,7 @@ def test_recorded_outputs_and_hooks_see_the_precision_asked_for(precision, eager
     later = fast(**batch).last_hidden_state  # transformers' recorder hooks are left on every layer and attention
     assert fast.encoder.layers[0].attention._forward_hooks and fast.encoder.layers[0]._forward_hooks
     _ran_in_precision("after recording", later, plain, expected, real, precision)
+    assert torch.equal(later, plain)  # idle recorders do not send the layers block by block: fused, to the last bit
 
     seen = {}
     watched = {
@@ -176,9 +178,9 @@ def test_a_model_that_recorded_before_it_was_optimized_and_the_unpadded_path(pre
         recorded(**batch, output_attentions=True)
     assert recorded.encoder.layers[0].attention._forward_hooks
     fast = seqbert.optimize_for_cpu_inference(recorded, plan=pinned_cpu_plan(), **PRECISIONS[precision])
-    _ran_in_precision(
-        "recorded before", fast(**batch).last_hidden_state, plain.last_hidden_state, expected, real, precision
-    )
+    inherited = fast(**batch).last_hidden_state
+    _ran_in_precision("recorded before", inherited, plain.last_hidden_state, expected, real, precision)
+    assert torch.equal(inherited, plain.last_hidden_state)  # the idle recorders change nothing
     hooked = seqbert.optimize_for_cpu_inference(model, plan=pinned_cpu_plan(), **PRECISIONS[precision])
     hooked.encoder.layers[1].attention.register_forward_hook(lambda module, args, output: None)
     _ran_in_precision(

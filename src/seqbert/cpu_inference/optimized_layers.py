@@ -30,6 +30,12 @@ from .length_groups import LengthGroups, split_qkv
 from .linear_kernels import PackedLinear
 
 
+try:  # transformers >= 5.2: the recorders are hooks, installed once and kept, idle while no call records outputs
+    from transformers.utils.output_capturing import _active_collector as _output_collector
+except ImportError:  # transformers 5.0 and 5.1 swap a module's forward for each recording call, no hook
+    _output_collector = None
+
+
 # The linear layers of an encoder layer that `optimize_for_cpu_inference` packs, by role: query/key/value as one
 # product, the attention's output projection (+ residual), the feed-forward's first (+ activation) and second
 # (+ residual) products.
@@ -61,28 +67,42 @@ def pack_layer(
 
 
 def hooked(module: nn.Module) -> bool:
-    """Whether calling `module` runs forward hooks or pre-hooks: its own (`register_forward_hook`,
-    `register_forward_pre_hook`, transformers' output recorders) or global ones (`register_module_forward_hook`)."""
-    return bool(
-        module._forward_hooks
-        or module._forward_pre_hooks
-        or torch_module._global_forward_hooks
-        or torch_module._global_forward_pre_hooks
-    )
+    """Whether calling `module` runs forward hooks or pre-hooks that act on this call: its own
+    (`register_forward_hook`, `register_forward_pre_hook`, transformers' output recorders while the call records
+    outputs, `_live`) or global ones (`register_module_forward_hook`)."""
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        return True
+    return _live(module._forward_hooks) or _live(module._forward_pre_hooks)
 
 
 def _block_hooked(*modules: nn.Module) -> bool:
-    """Whether a hook watches one of `modules` or their children (`hooked`, written out: a decoder calls this three
+    """Whether a hook acts on one of `modules` or their children (`hooked`, written out: a decoder calls this three
     times a layer and step, where `hooked` over `children()` took 5 % of an int8 greedy `generate`)."""
     if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
         return True
     for module in modules:
-        if module._forward_hooks or module._forward_pre_hooks:
+        if _live(module._forward_hooks) or _live(module._forward_pre_hooks):
             return True
         for child in module._modules.values():
-            if child is not None and (child._forward_hooks or child._forward_pre_hooks):
+            if child is not None and (_live(child._forward_hooks) or _live(child._forward_pre_hooks)):
                 return True
     return False
+
+
+def _live(hooks: dict) -> bool:
+    """Whether one of a module's hooks (its `_forward_hooks` or `_forward_pre_hooks`) acts on this call. transformers
+    (from 5.2) installs its output recorders (`transformers.utils.output_capturing`) on the first call that records
+    hidden states or attentions and keeps them on the modules, where they return at once on every call that records
+    nothing: those do not count then, so that one recording call does not send every later call of the copy block by
+    block (slower, and its int8 sums rounded in another order than the fused path's, so different ids)."""
+    if not hooks:
+        return False
+    if _output_collector is None or _output_collector.get():  # no recorders, or this call records outputs
+        return True
+    return any(getattr(hook, "__module__", None) != _RECORDERS_MODULE for hook in hooks.values())
+
+
+_RECORDERS_MODULE = "transformers.utils.output_capturing"
 
 
 def _tracing() -> bool:

@@ -71,7 +71,8 @@ def optimize_for_cpu_inference(
     `output_attentions`: transformers' recorders read the optimized layers' outputs, in fp32), forward hooks on a
     layer, its attention, its feed-forward or one of their linear layers (the watched block runs as a call of its
     module, in the same precision, so a hook sees its outputs and may change them), recorder hooks that transformers
-    left on `model` before it was optimized, and `torch.compile` (int8 and bf16 layers run eagerly outside the graph,
+    left on `model` before it was optimized or on the copy after a recording call (idle, they change nothing: a call
+    that records nothing runs the fused layers), and `torch.compile` (int8 and bf16 layers run eagerly outside the graph,
     a graph break per layer; with `fullgraph=True` compiling raises, naming why). Where the packed weights cannot serve
     a call (gradients flowing into the encoder, inputs off the CPU or of another dtype, `torch.export`,
     `torch.jit.trace`) the layers run the model's own fp32 forward, and an int8 or bf16 copy says so in one warning per
