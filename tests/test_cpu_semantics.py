@@ -29,15 +29,15 @@ CAP = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 def test_cpu_dependent_tests_pass_with_torch_and_onednn_held_to_avx2():
     command = [sys.executable, "-m", "pytest", "-m", "cpu_semantics or timing", "-n", "0", "-p", "no:cacheprovider"]
     command += ["-rA", "-q", "tests/test_int8.py", "tests/test_cpu_inference.py", "tests/test_cpu_call_forms.py"]
-    command += ["tests/test_cpu_plans.py"]
+    command += ["tests/test_cpu_plans.py", "tests/test_cpu_generation.py"]
     result = subprocess.run(
         command, cwd=ROOT, env={**os.environ, **CAP}, capture_output=True, text=True, timeout=900
     )  # fmt: skip
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
     # The tests that would catch a saturation fault ran under the cap (none skipped), the probe saying it saturates in
-    # every call form; int8 measured beside a busy process, and int8 in every call form of an optimized copy, computed
-    # in int8 there too.
+    # every call form; int8 measured beside a busy process, and int8 in every call form of an optimized copy, its
+    # decoder and LM head included, computed in int8 there too.
     for test in (
         "test_int8.py::test_int8_linear_is_the_dequantized_product",
         "test_int8.py::test_saturation_probe_follows_the_instructions_onednn_may_use",
@@ -47,6 +47,9 @@ def test_cpu_dependent_tests_pass_with_torch_and_onednn_held_to_avx2():
         "test_cpu_call_forms.py::test_recorded_outputs_and_hooks_see_the_precision_asked_for[int8]",
         "test_cpu_call_forms.py::test_a_model_that_recorded_before_it_was_optimized_and_the_unpadded_path[int8]",
         "test_cpu_call_forms.py::test_torch_compile_runs_the_precision_outside_the_graph[int8]",
+        "test_cpu_generation.py::test_decoder_and_lm_head_compute_in_the_precision_asked_for[int8]",
+        "test_cpu_generation.py::test_cached_decoding_static_cache_and_beam_reordering[int8]",
+        "test_cpu_generation.py::test_recorded_outputs_hooks_and_gradients_keep_the_precision[int8]",
     ):
         assert f"PASSED tests/{test}" in output, output[-6000:]
     # ... and the timing test skipped, saying why.
