@@ -1,0 +1,197 @@
+#!/usr/bin/env python
+"""What a compiled int8 decode step would buy (issue 67's open decision): the six decoder layers of the MiniLM
+BERT2BERT's int8 copy (`optimize_for_cpu_inference(model, int8=True)`, issue 67's setup) for one decode step, inside
+`generate`, written out as one function, and that function compiled. About 60 seconds on 2 CPU cores (the compilation
+takes about 6 s).
+
+The three ways, on the same packed int8 weights:
+
+- `in generate`: the copy's own layers inside `generate` (`--batch_size` sources, `--new_tokens` tokens, greedy or
+  `--num_beams`), each layer call timed by a forward pre-hook and hook on the layer (hooks on a layer itself do not
+  change its path), summed per step over the six layers, median over the decode steps;
+- `written out`: the same step as one function of plain torch operators (`decode_step` below: the query/key/value,
+  output, cross-attention query and output, feed-forward products on `torch._int_mm` with the quantization's range,
+  scale and zero point kept in tensors instead of read on the host; a key/value cache of fixed length written in place,
+  masked beyond the current position; post-LN as BERT), eager;
+- `compiled`: that function under `torch.compile` (inductor's C++ code for the element-wise work around the products,
+  one compilation for all six layers, whose weights are arguments).
+
+The written-out step is a prototype for timing only: its fp32 scale arithmetic is not the shipped quantizer's (which
+computes the scale on the host in float64), and its cache is not transformers' `DynamicCache`. It answers how much
+time the operator calls and element-wise passes around the int8 products cost, not what a shipped version would give.
+
+    python scripts/benchmarks/benchmark_compiled_decode_step.py [--threads 2] [--num_beams 1] [--json_file F]
+"""
+
+import math
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch.nn import functional
+
+import seqbert
+from seqbert.script_utils import ScriptInputError, parse_arguments, run_cli, script_parser, write_json
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchmark_decoder_precisions as setup  # noqa: E402  (next to this script: the issue's model and sources)
+
+
+@dataclass
+class StepArguments:
+    threads: int = field(default=2, metadata={"help": "torch threads."})
+    batch_size: int = field(default=8, metadata={"help": "Sources per generate call (real Rotten Tomatoes snippets)."})
+    num_beams: int = field(default=1, metadata={"help": "1: greedy; more: beam search (rows = batch x beams)."})
+    new_tokens: int = field(default=32, metadata={"help": "Tokens generated per sequence (the cache's length)."})
+    repeats: int = field(default=7, metadata={"help": "Timed rounds of the written-out steps (median reported)."})
+    json_file: str | None = field(default=None, metadata={"help": "Also write the results to this JSON file."})
+
+    def __post_init__(self):
+        for name in ("threads", "batch_size", "num_beams", "new_tokens", "repeats"):
+            if getattr(self, name) < 1:
+                raise ScriptInputError(f"--{name} must be >= 1, got {getattr(self, name)}")
+
+
+def int8_product(x: torch.Tensor, packed) -> torch.Tensor:
+    """A `PackedLinear`'s small int8 product, its quantization kept in tensors: (rows, in) fp32 -> (rows, out) fp32."""
+    low = torch.clamp(x.amin(), max=0.0)
+    high = torch.clamp(x.amax(), min=0.0)
+    scale = torch.clamp((high - low) / 253, min=torch.finfo(torch.float32).tiny)
+    zero_point = torch.ceil(-low / scale)
+    shifted = torch.round(x * (1.0 / scale) + (zero_point - 128)).to(torch.int8)
+    sums = torch._int_mm(shifted, packed.gemm_weight).to(torch.float32)
+    return (sums + (128 - zero_point) * packed.gemm_weight_sums) * (packed.weight_scale * scale) + packed.bias
+
+
+def decode_step(x, position, self_mask, keys, values, cross_keys_t, cross_values, cross_mask, packed, norms, heads):
+    """One post-LN decoder layer for one token per row: x (rows, H); `keys`, `values` (rows x heads, length, D), this
+    step's written at `position`; the cross-attention's (rows x heads, D, S) and (rows x heads, S, D)."""
+    rows, hidden = x.shape
+    head_dim = hidden // heads
+    scaling = 1 / math.sqrt(head_dim)
+    query, key, value = int8_product(x, packed["qkv"]).view(rows, 3, heads, head_dim).unbind(1)
+    keys.index_copy_(1, position, key.reshape(rows * heads, 1, head_dim))
+    values.index_copy_(1, position, value.reshape(rows * heads, 1, head_dim))
+    scores = torch.baddbmm(self_mask, query.reshape(rows * heads, 1, head_dim), keys.transpose(1, 2), alpha=scaling)
+    attended = torch.bmm(scores.softmax(-1), values).view(rows, hidden)
+    x = functional.layer_norm(int8_product(attended, packed["out_proj"]) + x, (hidden,), *norms[0])
+    query = int8_product(x, packed["cross_query"]).view(rows * heads, 1, head_dim)
+    scores = torch.baddbmm(cross_mask, query, cross_keys_t, alpha=scaling)
+    attended = torch.bmm(scores.softmax(-1), cross_values).view(rows, hidden)
+    x = functional.layer_norm(int8_product(attended, packed["cross_out_proj"]) + x, (hidden,), *norms[1])
+    up = functional.gelu(int8_product(x, packed["up_proj"]))
+    return functional.layer_norm(int8_product(up, packed["down_proj"]) + x, (hidden,), *norms[2])
+
+
+def main(argv: list[str] | None = None) -> dict:
+    (args,) = parse_arguments(script_parser(StepArguments, __doc__), argv)
+    torch.set_num_threads(args.threads)
+
+    with tempfile.TemporaryDirectory() as folder:
+        _, model, tokenizer = setup.build_seq2seq(folder)
+    copy = seqbert.optimize_for_cpu_inference(model, int8=True)
+    sources = tokenizer(setup.snippets(args.batch_size), padding=True, return_tensors="pt")
+    call = dict(
+        **sources, decoder_start_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id, pad_token_id=0,
+        max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, num_beams=args.num_beams,
+    )  # fmt: skip
+    layers = copy.decoder.layers
+    starts, layer_seconds = {}, []
+
+    def before(layer, inputs):
+        starts[id(layer)] = time.perf_counter()
+
+    def after(layer, inputs, output):
+        layer_seconds.append(time.perf_counter() - starts.pop(id(layer)))
+
+    with torch.inference_mode():
+        copy.generate(**call)
+        handles = [
+            hook
+            for layer in layers
+            for hook in (layer.register_forward_pre_hook(before), layer.register_forward_hook(after))
+        ]
+        try:
+            copy.generate(**call)
+        finally:
+            for handle in handles:
+                handle.remove()
+    per_step = [sum(layer_seconds[i : i + len(layers)]) for i in range(len(layers), len(layer_seconds), len(layers))]
+
+    config = copy.config.decoder if hasattr(copy.config, "decoder") else copy.config
+    heads, hidden = config.num_attention_heads, config.hidden_size
+    rows, length = args.batch_size * args.num_beams, args.new_tokens + 1
+    source_length = sources["input_ids"].shape[1]
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, hidden, generator=generator)
+    position = torch.tensor([length // 2])
+    self_mask = torch.where(torch.arange(length) <= position, 0.0, torch.finfo(torch.float32).min)
+    self_mask = self_mask.expand(rows * heads, 1, length).contiguous()
+    per_layer = []
+    for layer in layers:
+        norms = [
+            (norm.weight, norm.bias, norm.eps)
+            for norm in (layer.self_attention_norm, layer.cross_attention_norm, layer.mlp_norm)
+        ]
+        head_dim = hidden // heads
+        per_layer.append(
+            (
+                torch.randn(rows * heads, length, head_dim, generator=generator),
+                torch.randn(rows * heads, length, head_dim, generator=generator),
+                torch.randn(rows * heads, head_dim, source_length, generator=generator),
+                torch.randn(rows * heads, source_length, head_dim, generator=generator),
+                torch.zeros(rows * heads, 1, source_length),
+                layer._packed,
+                norms,
+            )
+        )
+
+    def run(step):
+        out = x
+        for keys, values, cross_keys_t, cross_values, cross_mask, packed, norms in per_layer:
+            out = step(
+                out, position, self_mask, keys, values, cross_keys_t, cross_values, cross_mask, packed, norms, heads
+            )
+        return out
+
+    compiled = torch.compile(decode_step, dynamic=False)
+    times = {"written out": [], "compiled": []}
+    with torch.inference_mode():
+        start = time.perf_counter()
+        run(compiled)
+        compile_seconds = time.perf_counter() - start
+        run(decode_step)
+        for _ in range(args.repeats):
+            for name, step in (("written out", decode_step), ("compiled", compiled)):
+                begin = time.perf_counter()
+                for _ in range(20):
+                    run(step)
+                times[name].append((time.perf_counter() - begin) / 20)
+    results = {
+        "arguments": vars(args),
+        "rows": rows,
+        "in_generate_ms_per_step": 1e3 * statistics.median(per_step),
+        "in_generate_spread_ms": [1e3 * min(per_step), 1e3 * max(per_step)],
+        "written_out_ms_per_step": 1e3 * statistics.median(times["written out"]),
+        "compiled_ms_per_step": 1e3 * statistics.median(times["compiled"]),
+        "spread_ms": {name: [1e3 * min(values), 1e3 * max(values)] for name, values in times.items()},
+        "compile_seconds": compile_seconds,
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch_version": torch.__version__,
+    }
+    print(
+        f"six int8 decoder layers, one decode step, {rows} rows, {args.threads} threads: in generate "
+        f"{results['in_generate_ms_per_step']:.2f} ms, written out {results['written_out_ms_per_step']:.2f} ms, "
+        f"compiled {results['compiled_ms_per_step']:.2f} ms (compiled in {compile_seconds:.1f} s)"
+    )
+    write_json(args.json_file, results)
+    return results
+
+
+if __name__ == "__main__":
+    run_cli(main, script_parser(StepArguments, __doc__))
