@@ -11,6 +11,7 @@ distance from fp32: the block-by-block path adds its residuals outside oneDNN, w
 int8 rounding step, nothing more)."""
 
 import copy
+import re
 import warnings
 
 import pytest
@@ -253,3 +254,38 @@ def test_optimizing_or_copying_an_optimized_copy_gives_an_equivalent_copy(precis
     assert torch.equal(fp32(**batch).last_hidden_state, reference(**batch).last_hidden_state)
     assert torch.equal(fast(**batch).last_hidden_state, expected)  # the copy optimized from is left as it was
     assert type(model.encoder.layers[0]).__name__ == "SeqBertPostNormLayer"
+
+
+def _layers_reversed(state: dict, layers: int) -> dict:
+    """A state dict with the encoder's layers in reverse order: real weights, another model."""
+    return {
+        re.sub(r"layers\.(\d+)\.", lambda match: f"layers.{layers - 1 - int(match[1])}.", name): value
+        for name, value in state.items()
+    }
+
+
+@pytest.mark.parametrize("precision", [pytest.param("fp32"), *_precision_params()])
+@torch.no_grad()  # not inference mode: its tensors keep no version counter (the model is made here)
+def test_the_packed_layers_follow_the_copys_weights(precision, minilm_path, batch):
+    """`load_state_dict` into an optimized copy (MiniLM's layers in reverse order), then an in-place edit of one
+    weight and a replaced bias: each next call computes what a copy freshly optimized from those weights computes, to
+    the last bit (the same plan), and not what the copy computed before."""
+    options = {"fp32": {}, **PRECISIONS}[precision]
+    model = seqbert.SeqBertModel.from_bert_pretrained(minilm_path).eval()
+    fast = seqbert.optimize_for_cpu_inference(model, plan=pinned_cpu_plan(), **options)
+    before = fast(**batch).last_hidden_state
+    other = copy.deepcopy(model)
+    other.load_state_dict(_layers_reversed(model.state_dict(), model.config.num_hidden_layers))
+    fast.load_state_dict(other.state_dict())
+    got = fast(**batch).last_hidden_state
+    expected = seqbert.optimize_for_cpu_inference(other, plan=pinned_cpu_plan(), **options)(**batch).last_hidden_state
+    assert not torch.equal(got, before)
+    assert torch.equal(got, expected)
+
+    bias = torch.linspace(-0.1, 0.1, model.config.hidden_size)
+    for copy_ in (fast, other):
+        copy_.encoder.layers[2].mlp.down_proj.weight.mul_(0.5)  # in place
+        copy_.encoder.layers[4].attention.query.bias = torch.nn.Parameter(bias.clone(), requires_grad=False)
+    got = fast(**batch).last_hidden_state
+    expected = seqbert.optimize_for_cpu_inference(other, plan=pinned_cpu_plan(), **options)(**batch).last_hidden_state
+    assert torch.equal(got, expected)

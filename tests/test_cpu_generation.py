@@ -6,6 +6,7 @@ snippets, against transformers' own classes."""
 
 import copy
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -333,6 +334,32 @@ def test_an_optimized_generation_model_copies_saves_and_is_optimized_again(bert2
     fast.save_pretrained(tmp_path)
     reloaded = seqbert.SeqBertForConditionalGeneration.from_pretrained(tmp_path).eval()
     assert torch.equal(reloaded(**inputs).logits, model(**inputs).logits)
+
+
+@pytest.mark.parametrize("precision", _precision_params())
+@torch.no_grad()  # not inference mode: the copy's parameters keep their version counters
+def test_an_optimized_copy_generates_with_the_weights_loaded_into_it(precision, bert2bert, sources):
+    """`load_state_dict` into an int8 or bf16 seq2seq copy (the decoder's layers in reverse order) and an in-place edit
+    of its LM head's transform: `generate` (greedy, cached) then gives the ids of a copy freshly optimized from those
+    weights, not the ones it gave before."""
+    _, model = bert2bert
+    fast = _copy(model, precision)
+    call = dict(**sources, **IDS, **EXACTLY)
+    before = fast.generate(**call)
+    layers = len(model.decoder.layers)
+    state = {
+        re.sub(r"^decoder\.layers\.(\d+)\.", lambda match: f"decoder.layers.{layers - 1 - int(match[1])}.", name): value
+        for name, value in model.state_dict().items()
+    }
+    other = copy.deepcopy(model)
+    other.load_state_dict(state)
+    fast.load_state_dict(state)
+    for copy_ in (fast, other):
+        copy_.lm_head.dense.weight.mul_(1.5)
+    expected = _copy(other, precision).generate(**call)
+    got = fast.generate(**call)
+    assert not torch.equal(got, before)
+    assert torch.equal(got, expected)
 
 
 @needs_onednn

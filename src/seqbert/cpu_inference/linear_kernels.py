@@ -94,7 +94,10 @@ class PackedLinear:
             fused activation's ("gelu", "gelu_tanh", "relu") or "plain".
 
     `copy.deepcopy` packs the copied `linears` anew with the same options (oneDNN's packed weights are opaque tensors,
-    which torch cannot copy), so a deep copy of an optimized model works and reads the copy's weights.
+    which torch cannot copy), so a deep copy of an optimized model works and reads the copy's weights. A call after
+    one of `linears`' weights or biases changed (written in place, as `load_state_dict` does, or replaced) packs them
+    anew first, with the same options, so that the packed product is the product of the module's weights (not seen:
+    an in-place edit of a parameter made under `torch.inference_mode`, which keeps no version counter).
 
     Raises:
         ValueError: `activation` together with `residual=True` (the second product of a layer adds the residual, the
@@ -114,7 +117,8 @@ class PackedLinear:
     ):
         if activation and residual:
             raise ValueError(f"activation ({activation!r}) and residual=True: a PackedLinear does one or the other")
-        self._sources = list(linears)  # what `__deepcopy__` packs anew
+        self._sources = list(linears)  # what `__deepcopy__` and a repacking pack anew
+        self._packed_from = _parameter_versions(self._sources)
         self._options = {
             "int8": int8, "dtype": dtype, "kernel": kernel, "activation": activation, "residual": residual,
             "small_products": small_products,
@@ -155,6 +159,10 @@ class PackedLinear:
     def __deepcopy__(self, memo: dict) -> "PackedLinear":
         return PackedLinear(copy.deepcopy(self._sources, memo), **self._options)
 
+    def _repack(self) -> None:
+        """Pack the linear layers' current weights, with the same options (`__call__`, where one changed)."""
+        self.__dict__.update(PackedLinear(self._sources, **self._options).__dict__)
+
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """(..., in_features) -> (..., out_features), fp32 (int8 too) or bf16 as packed: `x @ W.T + b`, then the
         activation, or `+ residual` (same shape and dtype as the output) where built with `residual=True`.
@@ -163,6 +171,13 @@ class PackedLinear:
             ValueError: `residual` given to a PackedLinear built without `residual=True`, or missing from one built
                 with it (int8 chose its weights' bits for the call form it was built for).
         """
+        # Pack again where a weight or bias changed since packing: written in place (`load_state_dict`, `copy_`: its
+        # version counter moved) or replaced by another parameter. About 0.1 us a parameter when none did (written
+        # out here, not a method: a decode step makes 40 of these calls; measured on the Zen 5 of docs/int8.md).
+        for parameters, name, parameter, version in self._packed_from:
+            if parameters.get(name) is not parameter or (version is not None and parameter._version != version):
+                self._repack()
+                break
         if (residual is not None) != self.residual:
             raise ValueError(
                 f"residual is {'given' if residual is not None else 'missing'}, but this PackedLinear was built with "
@@ -214,6 +229,18 @@ class PackedLinear:
         else:
             out = torch.addcmul(self.bias, sums, self.weight_scale, value=scale)
         return out if self.post_op is None else TORCH_POST_OPS[self.post_op](out)
+
+
+def _parameter_versions(linears: list[nn.Linear]) -> tuple:
+    """What `PackedLinear` packed: (the module's parameter dict, name, the parameter, its version counter) for each
+    weight and bias; the version None for a parameter made under `torch.inference_mode`, which keeps no counter (an
+    in-place edit of it goes unseen; replacing it does not)."""
+    return tuple(
+        (linear._parameters, name, parameter, None if parameter.is_inference() else parameter._version)
+        for linear in linears
+        for name, parameter in linear._parameters.items()
+        if parameter is not None
+    )
 
 
 def quantize_per_row_int8(weight: torch.Tensor, levels: int, rows: int = 2048) -> tuple[torch.Tensor, torch.Tensor]:

@@ -113,9 +113,10 @@ def optimize_for_cpu_inference(
     torch has no bf16 oneDNN linear, and this raises (`bf16_linear_available`). The decoder's key/value cache holds
     bf16 keys and values then; its hidden states enter and leave each decoder layer in fp32, and logits are fp32.
 
-    The copy is for inference: its parameters do not require grad, and the packed weights are taken now, so changing
-    the copy's weights afterwards is not seen by the packed layers; optimize again instead. `save_pretrained` of the
-    copy writes the ordinary fp32 weights. The copy keeps its fp32 weights beside the packed ones: they serve the
+    The copy is for inference: its parameters do not require grad. Its packed weights follow its weights: a call after
+    they changed (`load_state_dict` into the copy, an in-place edit, a replaced parameter) packs the changed layers
+    again first, in the same precision and plan (the kernels were timed for the shapes, not the values).
+    `save_pretrained` of the copy writes the ordinary fp32 weights. The copy keeps its fp32 weights beside the packed ones: they serve the
     calls the packed weights cannot (gradients, `torch.export`), `save_pretrained`, and optimizing the copy again
     (int8 adds a quarter of the fp32 weights' bytes, bf16 half, fp32 a full second copy).
 
