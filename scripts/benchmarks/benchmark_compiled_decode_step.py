@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """What a compiled int8 decode step would buy (issue 67's open decision): the six decoder layers of the MiniLM
 BERT2BERT's int8 copy (`optimize_for_cpu_inference(model, int8=True)`, issue 67's setup) for one decode step, inside
-`generate`, written out as one function, and that function compiled, whole or around its attentions. About 60 seconds
-on 2 CPU cores (the compilations take about 6 s with an empty inductor cache, 2 s with a warm one).
+`generate`, written out as one function, and that function compiled, whole or around its attentions. About 100 seconds
+on 2 CPU cores (the compilations take about 11 s with an empty inductor cache, 2 s with a warm one).
 
 The four ways, on the same packed int8 weights:
 
@@ -19,6 +19,10 @@ The four ways, on the same packed int8 weights:
   product; the output product, LayerNorm and cross-attention query; the cross-attention output and the feed-forward),
   the attentions and the cache eager, as a version that keeps transformers' caches would run.
 
+Then `generate` itself, interleaved (`--repeats` rounds), against `EncoderDecoderModel`: the shipped int8 copy and a
+copy of it whose decode steps run those compiled products around its own attention and transformers' caches
+(`with_compiled_parts`), with the share of the shipped copy's tokens the latter repeats.
+
 The written-out step is a prototype for timing only: its fp32 scale arithmetic is not the shipped quantizer's (which
 computes the scale on the host in float64), and its cache is not transformers' `DynamicCache`. It answers how much
 time the operator calls and element-wise passes around the int8 products cost, not what a shipped version would give.
@@ -26,6 +30,7 @@ time the operator calls and element-wise passes around the int8 products cost, n
     python scripts/benchmarks/benchmark_compiled_decode_step.py [--threads 2] [--num_beams 1] [--json_file F]
 """
 
+import copy as copy_module
 import math
 import statistics
 import sys
@@ -124,19 +129,47 @@ def decode_step(
     return parts[2](attended, x, packed, norms[1], norms[2])
 
 
+def _norm(layer_norm) -> tuple:
+    return layer_norm.weight, layer_norm.bias, layer_norm.eps
+
+
+def with_compiled_parts(int8_copy, parts):
+    """`int8_copy` with its decoder layers' decode steps (one token per row, the cross-attention's keys and values
+    cached) running `parts` around the copy's own attention and transformers' caches; every other call as shipped (a
+    post-LN seq2seq copy; patched on the layer instances, for timing only)."""
+    for layer in int8_copy.decoder.layers:
+
+        def packed_forward(
+            x, mask, encoder_states, encoder_mask, cache, kwargs, layer=layer, shipped=layer.packed_forward
+        ):
+            if x.shape[1] != 1 or cache is None or not cache.is_updated.get(layer.cross_attention.layer_idx):
+                return shipped(x, mask, encoder_states, encoder_mask, cache, kwargs)
+            rows, _, hidden = x.shape
+            x, packed = x.view(rows, hidden), layer._packed
+            qkv = parts[0](x, packed).view(rows, 1, 3 * hidden)
+            heads, _ = layer.self_attention.heads(qkv, mask, past_key_values=cache, **kwargs)
+            x, query = parts[1](heads.view(rows, hidden), x, packed, _norm(layer.self_attention_norm))
+            heads, _ = layer.cross_attention.heads(query.view(rows, 1, hidden), encoder_states, encoder_mask, cache)
+            norms = _norm(layer.cross_attention_norm), _norm(layer.mlp_norm)
+            return parts[2](heads.view(rows, hidden), x, packed, *norms).view(rows, 1, hidden)
+
+        layer.packed_forward = packed_forward
+    return int8_copy
+
+
 def main(argv: list[str] | None = None) -> dict:
     (args,) = parse_arguments(script_parser(StepArguments, __doc__), argv)
     torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory() as folder:
-        _, model, tokenizer = setup.build_seq2seq(folder)
-    copy = seqbert.optimize_for_cpu_inference(model, int8=True)
+        reference, model, tokenizer = setup.build_seq2seq(folder)
+    int8_copy = seqbert.optimize_for_cpu_inference(model, int8=True)
     sources = tokenizer(setup.snippets(args.batch_size), padding=True, return_tensors="pt")
     call = dict(
         **sources, decoder_start_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id, pad_token_id=0,
         max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, num_beams=args.num_beams,
     )  # fmt: skip
-    layers = copy.decoder.layers
+    layers = int8_copy.decoder.layers
     starts, layer_seconds = {}, []
 
     def before(layer, inputs):
@@ -146,20 +179,20 @@ def main(argv: list[str] | None = None) -> dict:
         layer_seconds.append(time.perf_counter() - starts.pop(id(layer)))
 
     with torch.inference_mode():
-        copy.generate(**call)
+        int8_copy.generate(**call)
         handles = [
             hook
             for layer in layers
             for hook in (layer.register_forward_pre_hook(before), layer.register_forward_hook(after))
         ]
         try:
-            copy.generate(**call)
+            int8_copy.generate(**call)
         finally:
             for handle in handles:
                 handle.remove()
     per_step = [sum(layer_seconds[i : i + len(layers)]) for i in range(len(layers), len(layer_seconds), len(layers))]
 
-    config = copy.config.decoder if hasattr(copy.config, "decoder") else copy.config
+    config = int8_copy.config
     heads, hidden = config.num_attention_heads, config.hidden_size
     rows, length = args.batch_size * args.num_beams, args.new_tokens + 1
     source_length = sources["input_ids"].shape[1]
@@ -226,8 +259,23 @@ def main(argv: list[str] | None = None) -> dict:
                 for _ in range(20):
                     way()
                 times[name].append((time.perf_counter() - begin) / 20)
+    compiled_copy = with_compiled_parts(copy_module.deepcopy(int8_copy), compiled_parts)
+    engines = {"EncoderDecoderModel": reference, "int8 copy": int8_copy, "int8 copy, parts compiled": compiled_copy}
+    with torch.inference_mode():
+        ids = {name: engine.generate(**call) for name, engine in engines.items()}  # the compilation, untimed
+        generate_seconds = setup.rounds(
+            {name: (lambda engine=engine: engine.generate(**call)) for name, engine in engines.items()}, args.repeats
+        )
+    generate_ms = {name: 1e3 * statistics.median(values) for name, values in generate_seconds.items()}
+    same = (ids["int8 copy, parts compiled"] == ids["int8 copy"]).float().mean().item()
     results = {
         "arguments": vars(args),
+        "generate_ms": generate_ms,
+        "generate_spread_ms": {name: [1e3 * min(v), 1e3 * max(v)] for name, v in generate_seconds.items()},
+        "generate_speedup_vs_reference": {
+            name: generate_ms["EncoderDecoderModel"] / value for name, value in generate_ms.items()
+        },
+        "compiled_parts_same_tokens_as_shipped": same,
         "rows": rows,
         "in_generate_ms_per_step": 1e3 * statistics.median(per_step),
         "in_generate_spread_ms": [1e3 * min(per_step), 1e3 * max(per_step)],
@@ -243,6 +291,14 @@ def main(argv: list[str] | None = None) -> dict:
         f"{results['in_generate_ms_per_step']:.2f} ms, {ways_text} (first calls, compilation included: "
         + ", ".join(f"{name} {value:.1f} s" for name, value in compile_seconds.items())
         + ")"
+    )
+    print(
+        "generate: "
+        + ", ".join(
+            f"{name} {value:.1f} ms ({results['generate_speedup_vs_reference'][name]:.2f}x)"
+            for name, value in generate_ms.items()
+        )
+        + f"; the compiled parts' ids repeat {100 * same:.1f} % of the shipped copy's tokens"
     )
     write_json(args.json_file, results)
     return results
