@@ -9,11 +9,10 @@ Setup (issue 67's): `--batch_size` real Rotten Tomatoes snippets (the first ones
 cut to their first 16 tokens and left-padded, as prompts; exactly `--new_tokens` new tokens (`min_new_tokens` =
 `max_new_tokens`); per thread count, `--repeats` rounds, each running every contender once in turn (the order rotated
 round by round), after one untimed call each (`--no_exact_length`: `max_new_tokens` only, without the two min-length
-logits processors that `min_new_tokens` adds to every step of both engines). Reported per contender: the median
-seconds, the fastest and slowest round, and the ratio of the reference's median to its median; beside them whether its
-ids equal the reference's (fp32) or the share of the reference's generated tokens it repeats at the same place (int8,
-bf16). The eager seqbert
-model is timed too (its `generate` packs fp32 weights for oneDNN per call, `PackedCpuLinears`).
+logits processors that `min_new_tokens` adds to every step of both engines). Reported per contender: the median seconds,
+the fastest and slowest round, and the ratio of the reference's median to its median; beside them whether its ids equal
+the reference's (fp32) or the share of the reference's generated tokens it repeats at the same place (int8, bf16). The
+eager seqbert model is timed too (its `generate` packs fp32 weights for oneDNN per call, `PackedCpuLinears`).
 
 Memory (`--memory`): each of the seq2seq model, its fp32, int8 and bf16 copies in a fresh process, which loads the
 saved model, optimizes it and generates (greedy and beam 4): the peak resident set (`ru_maxrss`) and what the copy

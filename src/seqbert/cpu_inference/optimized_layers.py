@@ -69,10 +69,10 @@ def pack_layer(
 def hooked(module: nn.Module) -> bool:
     """Whether calling `module` runs forward hooks or pre-hooks that act on this call: its own
     (`register_forward_hook`, `register_forward_pre_hook`, transformers' output recorders while the call records
-    outputs, `_live`) or global ones (`register_module_forward_hook`)."""
+    outputs, `_watched`) or global ones (`register_module_forward_hook`)."""
     if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
         return True
-    return _live(module._forward_hooks) or _live(module._forward_pre_hooks)
+    return _watched(module)
 
 
 def _block_hooked(*modules: nn.Module) -> bool:
@@ -81,28 +81,32 @@ def _block_hooked(*modules: nn.Module) -> bool:
     if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
         return True
     for module in modules:
-        if _live(module._forward_hooks) or _live(module._forward_pre_hooks):
+        if _watched(module):
             return True
         for child in module._modules.values():
-            if child is not None and (_live(child._forward_hooks) or _live(child._forward_pre_hooks)):
+            if child is not None and _watched(child):
                 return True
     return False
 
 
-def _live(hooks: dict) -> bool:
-    """Whether one of a module's hooks (its `_forward_hooks` or `_forward_pre_hooks`) acts on this call. transformers
-    (from 5.2) installs its output recorders (`transformers.utils.output_capturing`) on the first call that records
-    hidden states or attentions and keeps them on the modules, where they return at once on every call that records
-    nothing: those do not count then, so that one recording call does not send every later call of the copy block by
-    block (slower, and its int8 sums rounded in another order than the fused path's, so different ids)."""
-    if not hooks:
+# Where transformers (from 5.2) defines its output recorders (`_watched`).
+_RECORDERS_MODULE = "transformers.utils.output_capturing"
+
+
+def _watched(module: nn.Module) -> bool:
+    """Whether one of `module`'s own hooks (`_forward_hooks`, `_forward_pre_hooks`) acts on this call. transformers
+    (from 5.2) installs its output recorders on the first call that records hidden states or attentions and keeps them
+    on the modules, where they return at once on every call that records nothing: those do not count then, so that one
+    recording call does not send every later call of the copy block by block (slower, and its int8 sums rounded in
+    another order than the fused path's, so different ids)."""
+    hooks, pre_hooks = module._forward_hooks, module._forward_pre_hooks
+    if not (hooks or pre_hooks):
         return False
     if _output_collector is None or _output_collector.get():  # no recorders, or this call records outputs
         return True
-    return any(getattr(hook, "__module__", None) != _RECORDERS_MODULE for hook in hooks.values())
-
-
-_RECORDERS_MODULE = "transformers.utils.output_capturing"
+    return any(
+        getattr(hook, "__module__", None) != _RECORDERS_MODULE for hook in (*hooks.values(), *pre_hooks.values())
+    )
 
 
 def _tracing() -> bool:

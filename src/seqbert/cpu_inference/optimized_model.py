@@ -68,16 +68,16 @@ def optimize_for_cpu_inference(
     reused).
 
     The precision holds in every call form (`optimized_layers`): recorded per-layer outputs (`output_hidden_states`,
-    `output_attentions`: transformers' recorders read the optimized layers' outputs, in fp32), forward hooks on a
-    layer, its attention, its feed-forward or one of their linear layers (the watched block runs as a call of its
-    module, in the same precision, so a hook sees its outputs and may change them), recorder hooks that transformers
-    left on `model` before it was optimized or on the copy after a recording call (idle, they change nothing: a call
-    that records nothing runs the fused layers), and `torch.compile` (int8 and bf16 layers run eagerly outside the graph,
-    a graph break per layer; with `fullgraph=True` compiling raises, naming why). Where the packed weights cannot serve
-    a call (gradients flowing into the encoder, inputs off the CPU or of another dtype, `torch.export`,
-    `torch.jit.trace`) the layers run the model's own fp32 forward, and an int8 or bf16 copy says so in one warning per
-    reason. Attention, LayerNorms, embeddings and the encoder models' heads run as in `model`. Any batch size or
-    length runs without further preparation.
+    `output_attentions`: transformers' recorders read the optimized layers' outputs, in fp32), forward hooks on a layer,
+    its attention, its feed-forward or one of their linear layers (the watched block runs as a call of its module, in
+    the same precision, so a hook sees its outputs and may change them), recorder hooks that transformers left on
+    `model` before it was optimized or on the copy after a recording call (idle, they change nothing: a call that
+    records nothing runs the fused layers), and `torch.compile` (int8 and bf16 layers run eagerly outside the graph, a
+    graph break per layer; with `fullgraph=True` compiling raises, naming why). Where the packed weights cannot serve a
+    call (gradients flowing into the encoder, inputs off the CPU or of another dtype, `torch.export`, `torch.jit.trace`)
+    the layers run the model's own fp32 forward, and an int8 or bf16 copy says so in one warning per reason. Attention,
+    LayerNorms, embeddings and the encoder models' heads run as in `model`. Any batch size or length runs without
+    further preparation.
 
     The decoder half (`optimized_decoder`): the decoder layers of a seq2seq or causal LM model (causal self-attention
     with its query/key/value as one product, cross-attention with its keys and values of the encoder output as one
@@ -116,9 +116,9 @@ def optimize_for_cpu_inference(
     The copy is for inference: its parameters do not require grad. Its packed weights follow its weights: a call after
     they changed (`load_state_dict` into the copy, an in-place edit, a replaced parameter) packs the changed layers
     again first, in the same precision and plan (the kernels were timed for the shapes, not the values).
-    `save_pretrained` of the copy writes the ordinary fp32 weights. The copy keeps its fp32 weights beside the packed ones: they serve the
-    calls the packed weights cannot (gradients, `torch.export`), `save_pretrained`, and optimizing the copy again
-    (int8 adds a quarter of the fp32 weights' bytes, bf16 half, fp32 a full second copy).
+    `save_pretrained` of the copy writes the ordinary fp32 weights. The copy keeps its fp32 weights beside the packed
+    ones: they serve the calls the packed weights cannot (gradients, `torch.export`), `save_pretrained`, and optimizing
+    the copy again (int8 adds a quarter of the fp32 weights' bytes, bf16 half, fp32 a full second copy).
 
     Args:
         model (`SeqBertPreTrainedModel`): any SeqBERT model with an encoder or a decoder, on the CPU in float32, in
