@@ -44,6 +44,7 @@ import torch
 from torch.nn import functional
 
 import seqbert
+from seqbert.attention_backends import additive_mask
 from seqbert.script_utils import ScriptInputError, parse_arguments, run_cli, script_parser, write_json
 
 
@@ -130,8 +131,18 @@ def decode_step(
     return parts[2](attended, x, packed, norms[1], norms[2])
 
 
-def _norm(layer_norm) -> tuple:
-    return layer_norm.weight, layer_norm.bias, layer_norm.eps
+def layer_norms(layer) -> list[tuple]:
+    """A decoder layer's three LayerNorms (after self-attention, cross-attention, feed-forward) as `layer_norm`'s
+    (weight, bias, eps)."""
+    norms = (layer.self_attention_norm, layer.cross_attention_norm, layer.mlp_norm)
+    return [(norm.weight, norm.bias, norm.eps) for norm in norms]
+
+
+def fixed_cache_mask(position: int, max_length: int, rows: int) -> torch.Tensor:
+    """The additive self-attention mask of a fixed-length cache (rows, 1, max_length): 0 up to `position`, fp32's
+    minimum after it."""
+    mask = torch.where(torch.arange(max_length) <= position, 0.0, torch.finfo(torch.float32).min)
+    return mask.expand(rows, 1, max_length).contiguous()
 
 
 def with_compiled_parts(int8_copy, parts):
@@ -149,10 +160,10 @@ def with_compiled_parts(int8_copy, parts):
             x, packed = x.view(rows, hidden), layer._packed
             qkv = parts[0](x, packed).view(rows, 1, 3 * hidden)
             heads, _ = layer.self_attention.heads(qkv, mask, past_key_values=cache, **kwargs)
-            x, query = parts[1](heads.view(rows, hidden), x, packed, _norm(layer.self_attention_norm))
+            norms = layer_norms(layer)
+            x, query = parts[1](heads.view(rows, hidden), x, packed, norms[0])
             heads, _ = layer.cross_attention.heads(query.view(rows, 1, hidden), encoder_states, encoder_mask, cache)
-            norms = _norm(layer.cross_attention_norm), _norm(layer.mlp_norm)
-            return parts[2](heads.view(rows, hidden), x, packed, *norms).view(rows, 1, hidden)
+            return parts[2](heads.view(rows, hidden), x, packed, *norms[1:]).view(rows, 1, hidden)
 
         layer.packed_forward = packed_forward
     return int8_copy
@@ -187,18 +198,13 @@ def with_compiled_step(int8_copy, step, max_length: int):
                 cross_values = cross.values.reshape(rows * heads, sources, head_dim)
                 cross_mask = torch.zeros(rows * heads, 1, sources)
                 if encoder_mask is not None:
-                    additive = torch.zeros(encoder_mask.shape).masked_fill_(
-                        ~encoder_mask, torch.finfo(torch.float32).min
-                    )
-                    cross_mask = additive[:, :, -1:].expand(rows, heads, 1, sources).reshape(rows * heads, 1, sources)
+                    additive = additive_mask(encoder_mask[:, :, -1:])  # (rows, 1, 1, sources)
+                    cross_mask = additive.expand(rows, heads, 1, sources).reshape(rows * heads, 1, sources)
                 kept[index] = [keys, values, cross_keys_t, cross_values, cross_mask, length]
             keys, values, cross_keys_t, cross_values, cross_mask, length = kept[index]
-            self_mask = torch.where(torch.arange(max_length) <= length, 0.0, torch.finfo(torch.float32).min)
-            self_mask = self_mask.expand(rows * heads, 1, max_length).contiguous()
-            norms = [_norm(norm) for norm in (layer.self_attention_norm, layer.cross_attention_norm, layer.mlp_norm)]
             out = step(
-                x.view(rows, hidden), torch.tensor([length]), self_mask, keys, values, cross_keys_t, cross_values,
-                cross_mask, layer._packed, norms, heads,
+                x.view(rows, hidden), torch.tensor([length]), fixed_cache_mask(length, max_length, rows * heads),
+                keys, values, cross_keys_t, cross_values, cross_mask, layer._packed, layer_norms(layer), heads,
             )  # fmt: skip
             new = (buffer[:, length].view(rows, heads, 1, head_dim) for buffer in (keys, values))
             cache.self_attention_cache.update(*new, index)
@@ -251,44 +257,25 @@ def main(argv: list[str] | None = None) -> dict:
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(rows, hidden, generator=generator)
     position = torch.tensor([length // 2])
-    self_mask = torch.where(torch.arange(length) <= position, 0.0, torch.finfo(torch.float32).min)
-    self_mask = self_mask.expand(rows * heads, 1, length).contiguous()
-    per_layer = []
-    for layer in layers:
-        norms = [
-            (norm.weight, norm.bias, norm.eps)
-            for norm in (layer.self_attention_norm, layer.cross_attention_norm, layer.mlp_norm)
-        ]
-        head_dim = hidden // heads
-        per_layer.append(
-            (
-                torch.randn(rows * heads, length, head_dim, generator=generator),
-                torch.randn(rows * heads, length, head_dim, generator=generator),
-                torch.randn(rows * heads, head_dim, source_length, generator=generator),
-                torch.randn(rows * heads, source_length, head_dim, generator=generator),
-                torch.zeros(rows * heads, 1, source_length),
-                layer._packed,
-                norms,
-            )
+    self_mask = fixed_cache_mask(length // 2, length, rows * heads)
+    head_dim = hidden // heads
+    per_layer = [  # the arguments of `decode_step` between the mask and `heads`, per layer
+        (
+            torch.randn(rows * heads, length, head_dim, generator=generator),
+            torch.randn(rows * heads, length, head_dim, generator=generator),
+            torch.randn(rows * heads, head_dim, source_length, generator=generator),
+            torch.randn(rows * heads, source_length, head_dim, generator=generator),
+            torch.zeros(rows * heads, 1, source_length),
+            layer._packed,
+            layer_norms(layer),
         )
+        for layer in layers
+    ]
 
     def run(step, parts=EAGER_PARTS):
         out = x
-        for keys, values, cross_keys_t, cross_values, cross_mask, packed, norms in per_layer:
-            out = step(
-                out,
-                position,
-                self_mask,
-                keys,
-                values,
-                cross_keys_t,
-                cross_values,
-                cross_mask,
-                packed,
-                norms,
-                heads,
-                parts,
-            )
+        for arguments in per_layer:
+            out = step(out, position, self_mask, *arguments, heads, parts)
         return out
 
     compiled = torch.compile(decode_step, dynamic=False)
