@@ -7,6 +7,7 @@ import itertools
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -458,6 +459,16 @@ def pinned_cpu_plan(**precision) -> CpuInferencePlan:
     the first kernel available for the precision (`linear_kernels_available(**precision)`), attention written out, 4
     length groups (`test_every_plan_gives_berts_numbers` forces every other plan)."""
     return CpuInferencePlan(dict.fromkeys(ROLES, cpu_inference.linear_kernels_available(**precision)[0]))
+
+
+def layers_reversed(state: dict, stack: str, layers: int) -> dict:
+    """`state` (a state dict) with the layers of `stack` ("encoder" or "decoder") in reverse order: real weights,
+    another model."""
+    pattern = re.compile(rf"^{stack}\.layers\.(\d+)\.")
+    return {
+        pattern.sub(lambda match: f"{stack}.layers.{layers - 1 - int(match[1])}.", name): value
+        for name, value in state.items()
+    }
 
 
 def bert_base_width_config(**kwargs) -> BertConfig:

@@ -11,12 +11,11 @@ distance from fp32: the block-by-block path adds its residuals outside oneDNN, w
 int8 rounding step, nothing more)."""
 
 import copy
-import re
 import warnings
 
 import pytest
 import torch
-from conftest import pinned_cpu_plan
+from conftest import layers_reversed, pinned_cpu_plan
 
 import seqbert
 from seqbert.cpu_inference import bf16_linear_available, onednn_x86_operators_available
@@ -256,14 +255,6 @@ def test_optimizing_or_copying_an_optimized_copy_gives_an_equivalent_copy(precis
     assert type(model.encoder.layers[0]).__name__ == "SeqBertPostNormLayer"
 
 
-def _layers_reversed(state: dict, layers: int) -> dict:
-    """A state dict with the encoder's layers in reverse order: real weights, another model."""
-    return {
-        re.sub(r"layers\.(\d+)\.", lambda match: f"layers.{layers - 1 - int(match[1])}.", name): value
-        for name, value in state.items()
-    }
-
-
 @pytest.mark.parametrize("precision", [pytest.param("fp32"), *_precision_params()])
 @torch.no_grad()  # not inference mode: its tensors keep no version counter (the model is made here)
 def test_the_packed_layers_follow_the_copys_weights(precision, minilm_path, batch):
@@ -275,7 +266,7 @@ def test_the_packed_layers_follow_the_copys_weights(precision, minilm_path, batc
     fast = seqbert.optimize_for_cpu_inference(model, plan=pinned_cpu_plan(), **options)
     before = fast(**batch).last_hidden_state
     other = copy.deepcopy(model)
-    other.load_state_dict(_layers_reversed(model.state_dict(), model.config.num_hidden_layers))
+    other.load_state_dict(layers_reversed(model.state_dict(), "encoder", model.config.num_hidden_layers))
     fast.load_state_dict(other.state_dict())
     got = fast(**batch).last_hidden_state
     expected = seqbert.optimize_for_cpu_inference(other, plan=pinned_cpu_plan(), **options)(**batch).last_hidden_state

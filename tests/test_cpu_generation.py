@@ -6,7 +6,6 @@ snippets, against transformers' own classes."""
 
 import copy
 import os
-import re
 import subprocess
 import sys
 import textwrap
@@ -14,7 +13,7 @@ from unittest import mock
 
 import pytest
 import torch
-from conftest import pinned_cpu_plan
+from conftest import layers_reversed, pinned_cpu_plan
 from transformers import BertLMHeadModel, EncoderDecoderModel
 
 import seqbert
@@ -346,11 +345,7 @@ def test_an_optimized_copy_generates_with_the_weights_loaded_into_it(precision, 
     fast = _copy(model, precision)
     call = dict(**sources, **IDS, **EXACTLY)
     before = fast.generate(**call)
-    layers = len(model.decoder.layers)
-    state = {
-        re.sub(r"^decoder\.layers\.(\d+)\.", lambda match: f"decoder.layers.{layers - 1 - int(match[1])}.", name): value
-        for name, value in model.state_dict().items()
-    }
+    state = layers_reversed(model.state_dict(), "decoder", len(model.decoder.layers))
     other = copy.deepcopy(model)
     other.load_state_dict(state)
     fast.load_state_dict(state)
